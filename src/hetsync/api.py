@@ -1,0 +1,195 @@
+"""The public training API: wrap your optimizer, keep your loop.
+
+    import hetsync
+    hetsync.init()
+    model, opt = hetsync.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
+    for x, y in loader:
+        opt.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step(loss=loss)          # pace, synchronise, log, agree on stopping
+        if opt.should_stop:
+            break
+    opt.close()
+
+hetsync's own workloads train through exactly this loop (hetsync/launch/worker.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetsync.metrics.worker_log import IterationLog, Snapshotter
+from hetsync.protocols import Protocol, Step, get_protocol
+from hetsync.slowdown import pacing
+from hetsync.transport.runtime import Runtime, current_runtime
+
+__all__ = ["SyncOptimizer", "prepare"]
+
+#: Key in the control store that, once set, asks every worker to stop (value: the reason).
+STOP_KEY = "stop"
+_STOP_POLL_S = 0.25
+
+
+class SyncOptimizer:
+    """An optimizer wrapper whose `step()` runs the run's protocol around the inner step.
+
+    Composition, not subclassing (like torch's PostLocalSGDOptimizer): `param_groups`,
+    `state_dict()` and `zero_grad()` are the inner optimizer's.
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        model: nn.Module,
+        protocol: str | None = None,
+        *,
+        runtime: Runtime | None = None,
+        snapshots: bool = False,
+    ) -> None:
+        self.runtime = runtime or current_runtime()
+        config = self.runtime.config
+        self.optimizer = optimizer
+        self.protocol: Protocol = get_protocol(protocol or config.protocol)(self.runtime, model)
+        self.model = self.protocol.wrap_model()
+        self._raw_model = model
+        self._slowdown = config.slowdown_spec()
+        self._step_time_s = config.step_time / 1000.0
+        self.iteration = 0
+        self.should_stop = False
+        self.stop_reason: str | None = None
+        self._stop_requested = False
+        self._next_stop_poll = 0.0
+        run_dir = self.runtime.run_dir
+        self._log = IterationLog(run_dir, self.runtime.rank) if run_dir else None
+        self._snapshots = (
+            Snapshotter(run_dir, self.runtime.rank, config.eval_every)
+            if run_dir and snapshots
+            else None
+        )
+        self.runtime.start_clock()
+        self._step = self._new_step()
+        self._heartbeat("compute")
+
+    # --- the inner optimizer's surface ------------------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"optimizer": self.optimizer.state_dict(), "iteration": self.iteration}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.iteration = int(state.get("iteration", 0))
+        self._step = self._new_step()
+
+    # --- the iteration ------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Ask to stop after the current iteration (agreed with the others where needed)."""
+        self._stop_requested = True
+
+    def step(self, loss: torch.Tensor | float | None = None) -> Step:
+        """Synchronise and apply one optimizer step; returns this iteration's record."""
+        step = self._step
+        self.protocol.before_optimizer_step(step)
+        self.optimizer.step()
+        self.protocol.after_optimizer_step(step)
+        self.iteration = step.iteration
+        self.should_stop = step.stop
+        self._record(step, loss)
+        self._step = self._new_step()
+        return step
+
+    def close(self) -> None:
+        """Write the final snapshot and logs; release the protocol's resources."""
+        if self._snapshots is not None:
+            self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)
+        if self._log is not None:
+            self._log.close()
+        self.protocol.close()
+        if self.runtime.launched:
+            self.runtime.store.set(f"stopped/{self.runtime.rank}", self.stop_reason or "")
+        self._heartbeat("done")
+
+    def __enter__(self) -> SyncOptimizer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals ------------------------------------------------------------------------------
+    def _new_step(self) -> Step:
+        step = Step(
+            iteration=self.iteration + 1,
+            on_begin_sync=self._begin_sync,
+            on_phase=self._heartbeat if self.runtime.launched else None,
+        )
+        self.protocol.begin_iteration(step)
+        return step
+
+    def _begin_sync(self, step: Step) -> None:
+        """Pad the compute to the emulated step time, inject the slowdown, decide stopping."""
+        compute = time.perf_counter() - step.start
+        factor = self._slowdown.factor(self.runtime.rank, step.iteration)
+        pad, delay = pacing(compute, self._step_time_s, factor)
+        if pad + delay > 0:
+            time.sleep(pad + delay)
+        step.compute_s, step.injected_delay_s = compute + pad, delay
+        step.wants_stop = self._wants_stop(step.iteration)
+
+    def _wants_stop(self, iteration: int) -> bool:
+        config = self.runtime.config
+        reason = None
+        if self._stop_requested:
+            reason = "script"
+        elif config.max_iterations is not None and iteration >= config.max_iterations:
+            reason = "max_iterations"
+        elif config.max_time is not None and self.runtime.elapsed() >= config.max_time:
+            reason = "max_time"
+        elif self.runtime.launched and time.monotonic() >= self._next_stop_poll:
+            self._next_stop_poll = time.monotonic() + _STOP_POLL_S
+            if self.runtime.store.check([STOP_KEY]):
+                reason = self.runtime.store.get(STOP_KEY).decode()
+        if reason is not None and self.stop_reason is None:
+            self.stop_reason = reason
+        return reason is not None
+
+    def _record(self, step: Step, loss: torch.Tensor | float | None) -> None:
+        elapsed = self.runtime.elapsed()
+        if self._log is not None:
+            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+            self._log.append(
+                {
+                    "t": round(elapsed, 4),
+                    "iteration": step.iteration,
+                    "loss": value,
+                    "compute_s": round(step.compute_s, 6),
+                    "injected_delay_s": round(step.injected_delay_s, 6),
+                    "sync_wait_s": round(step.sync_wait_s, 6),
+                    "bytes_sent": step.bytes_sent,
+                }
+            )
+        if self._snapshots is not None:
+            self._snapshots.maybe_snapshot(self._raw_model, elapsed, step.iteration)
+        self._heartbeat("compute")
+
+    def _heartbeat(self, phase: str) -> None:
+        if self.runtime.launched:
+            rt = self.runtime
+            rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}")
+
+
+def prepare(
+    model: nn.Module, optimizer: torch.optim.Optimizer, protocol: str | None = None
+) -> tuple[nn.Module, SyncOptimizer]:
+    """Return the module to call in the forward pass and the synchronising optimizer."""
+    sync = SyncOptimizer(optimizer, model, protocol)
+    return sync.model, sync

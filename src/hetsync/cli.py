@@ -1,0 +1,168 @@
+"""The `hetsync` command: train, launch, report.
+
+Every option is checked before any process is spawned; a wrong one is reported in one line
+naming the problem (exit status 2). A failed run names the failed worker (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hetsync.config import RunConfig, load_toml
+from hetsync.errors import ConfigError, WorkerFailed
+
+__all__ = ["main"]
+
+_RUN_HELP = {
+    "protocol": "synchronisation protocol (see `hetsync protocols`)",
+    "workload": "built-in workload: cnn, svm, resnet or digits",
+    "workers": "number of worker processes",
+    "step_time": "emulated compute time per iteration, ms (0: real compute only)",
+    "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE",
+    "max_time": "stop after this many seconds",
+    "max_iterations": "stop after this many iterations",
+    "target_loss": "stop when the consensus test loss reaches this (default: the workload's)",
+    "seed": "seed for the model, shards and random slowdowns",
+    "batch_size": "minibatch size per worker (default: the workload's)",
+    "lr": "learning rate (default: the workload's)",
+    "momentum": "SGD momentum (default: the workload's)",
+    "out": "run directory (default: runs/LABEL-TIMESTAMP)",
+    "data_dir": "folder with the dataset's IDX files (default: Debian's install location)",
+    "label": "name of the run in plots and tables (default: the protocol)",
+    "eval_every": "seconds between evaluated model snapshots",
+    "eval_samples": "held-out samples used by the periodic evaluations",
+    "hang_timeout": "seconds without progress after which a worker is reported as hung",
+    "backend": "auto (NCCL with CUDA, else gloo), gloo or nccl",
+}
+_TYPES = {"out": Path, "data_dir": Path}
+
+
+def _flag_type(f: dataclasses.Field[object]) -> type:
+    declared = str(f.type)  # a string: annotations are postponed
+    if f.name in _TYPES:
+        return _TYPES[f.name]
+    return float if declared.startswith("float") else int if declared.startswith("int") else str
+
+
+def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
+    """One flag per RunConfig field; absent flags stay unset so --config can fill them."""
+    parser.add_argument("--config", type=Path, help="TOML file with the same options")
+    for f in dataclasses.fields(RunConfig):
+        if f.name in ("script", "stop_at_target", "quiet", "keep_snapshots"):
+            continue
+        if script and f.name == "workload":
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        parser.add_argument(flag, dest=f.name, type=_flag_type(f), default=argparse.SUPPRESS,
+                            help=_RUN_HELP.get(f.name))
+    parser.add_argument("--no-stop-at-target", dest="stop_at_target", action="store_false",
+                        default=argparse.SUPPRESS, help="keep training after the target loss")
+    parser.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress bar")
+    parser.add_argument("--keep-snapshots", action="store_true", default=argparse.SUPPRESS,
+                        help="keep the model snapshots after evaluation")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hetsync",
+        description="Heterogeneity-aware decentralized data-parallel training on PyTorch.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    train = sub.add_parser("train", help="train a built-in workload with N workers")
+    _add_run_options(train, script=False)
+    launch = sub.add_parser("launch", help="run your own training script with N workers")
+    _add_run_options(launch, script=True)
+    launch.add_argument("script", nargs=argparse.REMAINDER, help="script.py [its arguments]")
+    report = sub.add_parser("report", help="plots and a table from run directories")
+    report.add_argument("runs", nargs="+", type=Path, help="run directories")
+    report.add_argument("--out", type=Path, required=True, help="folder for plots and report.md")
+    sub.add_parser("protocols", help="list the available protocols")
+    sub.add_parser("workloads", help="list the built-in workloads")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Defaults < --config file < flags given on the command line."""
+    values = dict(load_toml(args.config)) if getattr(args, "config", None) else {}
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    if args.command == "launch":
+        if not given.get("script"):
+            raise ConfigError("hetsync launch needs a script: hetsync launch [options] script.py")
+        given["workload"] = "script"
+    merged = {**values, **given}
+    return RunConfig.from_dict(merged, source=str(args.config or "command line"))
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or (
+        "RANK" in os.environ and "HETSYNC_STORE_PORT" not in os.environ
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "protocols":
+            from hetsync.protocols import available_protocols
+
+            print("\n".join(available_protocols()))
+            return 0
+        if args.command == "workloads":
+            from hetsync.workloads import available_workloads, get_workload
+
+            for name in available_workloads():
+                workload = get_workload(name)
+                print(f"{name:8s} {workload.description} (target loss {workload.target_loss})")
+            return 0
+        if args.command == "report":
+            from hetsync.report import write_report
+
+            for run in args.runs:
+                if not (run / "summary.json").is_file():
+                    raise ConfigError(f"{run} is not a run directory (no summary.json)")
+            path = write_report(args.runs, args.out)
+            print(f"report: {path}\nplots: {args.out}/*.png")
+            return 0
+        config = config_from_args(args)
+        if args.command == "train" and _under_torchrun():
+            from hetsync.launch.worker import run_under_torchrun
+
+            run_under_torchrun(config.validate().resolved())
+            return 0
+        from hetsync.launch.launcher import run
+
+        result = run(config)
+    except ConfigError as error:
+        print(f"hetsync: error: {error}", file=sys.stderr)
+        return 2
+    except WorkerFailed as error:
+        print(f"hetsync: run failed: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hetsync: interrupted; all workers stopped", file=sys.stderr)
+        return 130
+    _print_result(result.run_dir, result.summary)
+    return 0
+
+
+def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
+    ttt = summary["time_to_target_s"]
+    reached = f"{ttt:.1f} s" if isinstance(ttt, float) else "not reached"
+    loss = summary["final_loss"]
+    loss_text = f"{loss:.4f}" if isinstance(loss, float) else "-"
+    print(
+        f"{summary['label']}: {summary['wall_time_s']:.1f} s, "
+        f"{summary['samples_per_s']:.0f} samples/s, target {summary['target_loss']} {reached}, "
+        f"final loss {loss_text}, sync wait {100 * float(summary['sync_wait_fraction']):.0f}% "
+        f"-> {run_dir}"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The options of a run, from the command line or a TOML file, checked before anything starts.
+
+`RunConfig` is the single description of a run: the CLI builds it, `--config FILE.toml` fills
+it, the launcher writes it to `DIR/config.json`, and every worker reads it back from there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hetsync.errors import ConfigError
+from hetsync.slowdown import SlowdownSpec, parse_slowdown
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = ["RunConfig", "load_toml"]
+
+
+@dataclass
+class RunConfig:
+    """Every option of `hetsync train` / `hetsync launch`; field names are the long options."""
+
+    protocol: str = "allreduce"
+    workload: str = "cnn"
+    workers: int = 4
+    step_time: float = 0.0
+    """Emulated compute time per iteration, in milliseconds (0: real compute only)."""
+    slowdown: str = "none"
+    max_time: float | None = None
+    max_iterations: int | None = None
+    target_loss: float | None = None
+    """None: the workload's default target, used to measure time to target."""
+    stop_at_target: bool = True
+    seed: int = 0
+    batch_size: int | None = None
+    lr: float | None = None
+    momentum: float | None = None
+    out: Path | None = None
+    data_dir: Path | None = None
+    label: str | None = None
+    eval_every: float = 2.0
+    """Seconds between model snapshots evaluated off the critical path."""
+    eval_samples: int = 2000
+    """Held-out samples used for the periodic evaluations (the final one uses all)."""
+    hang_timeout: float = 20.0
+    """A worker without progress this long is reported as hung."""
+    backend: str = "auto"
+    quiet: bool = False
+    keep_snapshots: bool = False
+    script: list[str] = field(default_factory=list)
+    """For `hetsync launch`: the user's script and its arguments."""
+
+    DEFAULT_MAX_TIME = 120.0
+
+    def slowdown_spec(self) -> SlowdownSpec:
+        return parse_slowdown(self.slowdown, seed=self.seed)
+
+    def validate(self) -> RunConfig:
+        """Raise ConfigError naming the first wrong option; return self for chaining."""
+        from hetsync.protocols import get_protocol
+        from hetsync.workloads import get_workload
+
+        get_protocol(self.protocol)
+        if not self.script:
+            get_workload(self.workload)
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
+        for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
+        for name in ("max_iterations", "batch_size", "eval_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+        if self.max_time == 0:
+            raise ConfigError("--max-time must be > 0 seconds")
+        if self.eval_every == 0 or self.hang_timeout == 0:
+            raise ConfigError("--eval-every and --hang-timeout must be > 0 seconds")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ConfigError(f"--backend must be auto, gloo or nccl (got {self.backend!r})")
+        self.slowdown_spec().check_ranks(self.workers)
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
+        if self.script and not Path(self.script[0]).is_file():
+            raise ConfigError(f"script {self.script[0]!r} not found")
+        return self
+
+    def resolved(self) -> RunConfig:
+        """A copy with the workload's defaults and a stop condition filled in."""
+        from hetsync.workloads import get_workload
+
+        values = dataclasses.asdict(self)
+        if not self.script:
+            workload = get_workload(self.workload)
+            for name in ("batch_size", "lr", "momentum", "target_loss"):
+                if values[name] is None:
+                    values[name] = getattr(workload, name)
+        if self.max_time is None and self.max_iterations is None:
+            values["max_time"] = self.DEFAULT_MAX_TIME
+        values["label"] = self.label or self.protocol
+        return RunConfig(**values)
+
+    def to_json(self) -> str:
+        values = dataclasses.asdict(self)
+        for key in ("out", "data_dir"):
+            if values[key] is not None:
+                values[key] = str(values[key])
+        return json.dumps(values, indent=2)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "config") -> RunConfig:
+        """Build from a dict (TOML or JSON), rejecting unknown keys by name."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {key.replace("-", "_"): value for key, value in values.items()}
+        unknown = sorted(set(values) - names)
+        if unknown:
+            raise ConfigError(f"{source}: unknown option {unknown[0]!r}")
+        for key in ("out", "data_dir"):
+            if values.get(key) is not None:
+                values[key] = Path(values[key])
+        return cls(**values)
+
+    @classmethod
+    def read(cls, path: Path) -> RunConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()), source=str(path))
+
+
+def load_toml(path: Path) -> dict[str, Any]:
+    """Read a `--config FILE.toml`; errors name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config file {path} not found")
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config file {path} is not valid TOML: {error}") from None

@@ -1,0 +1,28 @@
+"""Errors hetsync raises, so callers can tell a bad option from a failed run."""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError", "HetsyncError", "WorkerFailed", "SyncTimeout"]
+
+
+class HetsyncError(Exception):
+    """Base of every error hetsync raises on purpose."""
+
+
+class ConfigError(HetsyncError, ValueError):
+    """An option is wrong; raised before any process is spawned. The message is one line."""
+
+
+class WorkerFailed(HetsyncError, RuntimeError):
+    """A worker crashed, was killed or hung; the message names its rank and shows its stack."""
+
+    def __init__(self, rank: int, reason: str, details: str = "") -> None:
+        self.rank = rank
+        self.reason = reason
+        self.details = details
+        text = f"worker rank {rank} {reason}"
+        super().__init__(f"{text}\n{details}".rstrip())
+
+
+class SyncTimeout(HetsyncError, TimeoutError):
+    """A synchronisation wait ran out of time; the message says whom it waited for."""

@@ -1,0 +1,155 @@
+"""Watching spawned workers: exits, crashes, hangs and progress.
+
+A worker that exits non-zero, is killed, or makes no progress for `hang_timeout` seconds ends
+the run with `WorkerFailed`, naming its rank and showing its traceback (from
+`logs/rank{r}.log`) or its stack (dumped on SIGUSR1 into `logs/rank{r}.stack`). When several
+workers fail together, the one that failed first and for its own reason is blamed: peers of a
+dead worker fail too, with "Connection closed by peer".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch.distributed as dist
+
+from hetsync.errors import WorkerFailed
+
+__all__ = ["Monitor", "Progress"]
+
+#: Workers get this long to start (import torch, load data, join the group) before a missing
+#: heartbeat counts as a hang.
+STARTUP_ALLOWANCE_S = 90.0
+_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+@dataclass
+class Progress:
+    """The latest heartbeat of every worker: iteration, phase and run time."""
+
+    iterations: list[int]
+    phases: list[str]
+    elapsed: float
+
+
+@dataclass
+class Monitor:
+    procs: list[subprocess.Popen[bytes]]
+    store: dist.Store
+    log_dir: Path
+    hang_timeout: float
+    started: float = field(default_factory=time.monotonic)
+    _beats: dict[int, str] = field(default_factory=dict)
+    _changed: dict[int, float] = field(default_factory=dict)
+
+    def check(self) -> bool:
+        """True once every worker exited cleanly; raise WorkerFailed on a failure or hang."""
+        codes = [p.poll() for p in self.procs]
+        if any(c not in (None, 0) for c in codes):
+            time.sleep(0.5)  # let the failure's echo reach the other workers' exit codes
+            raise self._failure([p.poll() for p in self.procs])
+        if all(c == 0 for c in codes):
+            return True
+        self._check_hang(codes)
+        return False
+
+    def progress(self) -> Progress:
+        """Heartbeats read so far (call `check()` first to refresh them)."""
+        iterations, phases, elapsed = [], [], 0.0
+        for rank in range(len(self.procs)):
+            beat = self._beats.get(rank, "0 starting 0").split()
+            iterations.append(int(beat[0]))
+            phases.append(beat[1])
+            elapsed = max(elapsed, float(beat[2]))
+        return Progress(iterations, phases, elapsed)
+
+    def _read_beats(self) -> None:
+        now = time.monotonic()
+        for rank in range(len(self.procs)):
+            key = f"hb/{rank}"
+            if not self.store.check([key]):
+                continue
+            beat = self.store.get(key).decode()
+            if beat != self._beats.get(rank):
+                self._beats[rank] = beat
+                self._changed[rank] = now
+
+    def _check_hang(self, codes: list[int | None]) -> None:
+        self._read_beats()
+        now = time.monotonic()
+        live = [r for r, c in enumerate(codes) if c is None]
+        stalled = []
+        for rank in live:
+            phase = self._beats.get(rank, "0 starting 0").split()[1]
+            if phase == "done":
+                continue
+            limit = self.hang_timeout if rank in self._changed else STARTUP_ALLOWANCE_S
+            if now - self._changed.get(rank, self.started) > limit:
+                stalled.append(rank)
+        if not stalled:
+            return
+        progress = self.progress()
+        computing = [r for r in stalled if progress.phases[r] != "sync"]
+        if computing:
+            rank = computing[0]
+            what = f"hung: no progress for {self.hang_timeout:g} s while computing"
+        else:
+            rank = min(live, key=lambda r: progress.iterations[r])
+            what = (
+                f"is furthest behind in a deadlock: every stalled worker waited more than "
+                f"{self.hang_timeout:g} s in synchronisation"
+            )
+        stack = self._dump_stack(rank)
+        raise WorkerFailed(
+            rank, f"{what} (iteration {progress.iterations[rank] + 1})", f"its stack:\n{stack}"
+        )
+
+    def _dump_stack(self, rank: int) -> str:
+        stack_file = self.log_dir / f"rank{rank}.stack"
+        try:
+            os.kill(self.procs[rank].pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return "(process already gone)"
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if stack_file.is_file() and stack_file.stat().st_size > 0:
+                time.sleep(0.2)
+                return stack_file.read_text()
+        return "(no stack: the worker did not answer SIGUSR1)"
+
+    def _failure(self, codes: list[int | None]) -> WorkerFailed:
+        candidates = []
+        for rank, code in enumerate(codes):
+            if code in (None, 0):
+                continue
+            log = self.log_dir / f"rank{rank}.log"
+            text = log.read_text() if log.is_file() else ""
+            secondary = any(marker in text for marker in _SECONDARY)
+            when = log.stat().st_mtime if text else 0.0  # killed: no log, surely first
+            candidates.append((secondary, when, rank, code, text))
+        _, _, rank, code, text = min(candidates)
+        if code is not None and code < 0:
+            name = signal.Signals(-code).name
+            return WorkerFailed(rank, f"was killed by signal {name} (no traceback)")
+        details = f"its traceback:\n{text}" if text else "(no traceback was written)"
+        return WorkerFailed(rank, f"failed with exit code {code}", details)
+
+
+def terminate(procs: list[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
+    """Stop every worker still running: SIGTERM, then SIGKILL after `grace` seconds."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -1,0 +1,107 @@
+"""The training loop of hetsync's built-in workloads, written against the public API.
+
+Run as `python -m hetsync.launch.worker` by the launcher, or under torchrun through
+`hetsync train` (which detects torchrun's environment and runs this loop directly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import hetsync
+from hetsync.api import SyncOptimizer
+from hetsync.config import RunConfig
+from hetsync.launch.launcher import default_out
+from hetsync.metrics.evaluator import Evaluator
+from hetsync.metrics.summary import summarize, write_summary
+from hetsync.workloads import Shard, get_workload
+
+#: Test hook: "RANK:ITERATION:KIND" makes that rank fail at that iteration (KIND is raise,
+#: kill or hang), to exercise the launcher's failure reporting on real processes.
+ENV_FAULT = "HETSYNC_FAULT"
+
+
+def train(config: RunConfig | None = None) -> SyncOptimizer:
+    """Train the configured workload until the run's stop conditions agree to stop."""
+    runtime = hetsync.init(**dataclasses.asdict(config)) if config else hetsync.init()
+    config = runtime.config
+    workload = get_workload(config.workload)
+    torch.manual_seed(config.seed)  # the same initial model on every worker
+    model = workload.build_model().to(runtime.device)
+    data = workload.load(config.data_dir)
+    shard = Shard(len(data.train_y), runtime.rank, runtime.world_size, config.seed)
+    batches = shard.batches(data.train_x, data.train_y, config.batch_size or workload.batch_size)
+    inner = torch.optim.SGD(
+        model.parameters(),
+        lr=config.lr if config.lr is not None else workload.lr,
+        momentum=config.momentum if config.momentum is not None else workload.momentum,
+    )
+    opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
+    fault = _parse_fault(runtime.rank)
+    while not opt.should_stop:
+        x, y = next(batches)
+        opt.zero_grad()
+        loss = workload.loss(opt.model(x.to(runtime.device)), y.to(runtime.device))
+        loss.backward()
+        if fault is not None and opt.iteration + 1 == fault[0]:
+            _inject_fault(fault[1])
+        opt.step(loss=loss)
+    opt.close()
+    return opt
+
+
+def run_under_torchrun(config: RunConfig) -> None:
+    """`hetsync train` under torchrun: no launcher, so rank 0 evaluates and summarises."""
+    out = Path(config.out) if config.out else default_out(config)
+    config = dataclasses.replace(config, out=out)
+    try:
+        opt = train(config)
+        runtime = opt.runtime
+        if runtime.world_size > 1:
+            dist.barrier()
+        if runtime.rank == 0:
+            (out / "config.json").write_text(config.to_json() + "\n")
+            evaluator = Evaluator(
+                out, get_workload(config.workload), runtime.world_size, config.eval_samples,
+                data_dir=config.data_dir, keep_snapshots=config.keep_snapshots,
+            )
+            evaluator.finish(every_set=True)
+            write_summary(out, summarize(out, config, opt.stop_reason))
+    finally:
+        hetsync.shutdown()
+
+
+def _parse_fault(rank: int) -> tuple[int, str] | None:
+    spec = os.environ.get(ENV_FAULT)
+    if not spec:
+        return None
+    fault_rank, iteration, kind = spec.split(":")
+    return (int(iteration), kind) if int(fault_rank) == rank else None
+
+
+def _inject_fault(kind: str) -> None:
+    if kind == "raise":
+        raise RuntimeError("injected fault (HETSYNC_FAULT)")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(1)
+
+
+def main() -> None:
+    try:
+        train()
+    finally:
+        hetsync.shutdown()
+
+
+if __name__ == "__main__":
+    main()

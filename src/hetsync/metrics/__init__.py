@@ -1,0 +1,1 @@
+"""What a run measures: per-iteration logs, model snapshots, evaluation and the summary."""

@@ -1,0 +1,139 @@
+"""Evaluation of model snapshots off the critical path.
+
+Workers only write snapshots; this evaluator (a thread of the launcher, or rank 0 at the end
+of a torchrun run) averages each complete set into the consensus model and measures it, and
+each worker's own model, on the held-out split. When it falls behind it skips to the newest
+complete set, so it never slows the run down by more than the CPU it uses.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from hetsync.metrics.worker_log import snapshot_path
+from hetsync.workloads import Workload
+
+__all__ = ["Evaluator", "average_states"]
+
+
+def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """The element-wise mean of state dicts (integer buffers are rounded back)."""
+    averaged = {}
+    for key, first in states[0].items():
+        stacked = torch.stack([s[key].double() for s in states])
+        mean = stacked.mean(0)
+        averaged[key] = mean.round().to(first.dtype) if not first.is_floating_point() else (
+            mean.to(first.dtype)
+        )
+    return averaged
+
+
+class Evaluator:
+    """Turns `snapshots/` into rows of `eval.jsonl` (see docs/run-directory.md)."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        workload: Workload,
+        world: int,
+        eval_samples: int,
+        data_dir: Path | None = None,
+        per_worker: bool = True,
+        keep_snapshots: bool = False,
+        on_consensus: Callable[[float, float], None] | None = None,
+    ) -> None:
+        self.run_dir, self.world = run_dir, world
+        self.per_worker, self.keep = per_worker, keep_snapshots
+        self.on_consensus = on_consensus
+        data = workload.load(data_dir)
+        self.test_x, self.test_y = data.test_x, data.test_y
+        subset = torch.randperm(len(self.test_y), generator=torch.Generator().manual_seed(0))
+        self.subset = subset[: min(eval_samples, len(subset))]
+        self.workload = workload
+        self.model: nn.Module = workload.build_model()
+        self._out = (run_dir / "eval.jsonl").open("a")
+        self.latest_loss: float | None = None
+
+    def poll(self, every_set: bool = False) -> int:
+        """Evaluate the newest complete snapshot set (or all, post hoc) and drop the evaluated
+        and older ones. Returns the number of sets evaluated."""
+        complete = self._complete_indexes()
+        chosen = complete if every_set else complete[-1:]
+        for index in chosen:
+            self._evaluate_set(index, full=False)
+        for index in complete:
+            self._discard(index)
+        return len(chosen)
+
+    def finish(self, every_set: bool = False) -> dict[str, float] | None:
+        """Evaluate what is left, then the final models on the whole held-out split."""
+        self.poll(every_set)
+        if not all(snapshot_path(self.run_dir, "final", r).is_file() for r in range(self.world)):
+            self._out.close()
+            return None
+        row = self._evaluate_set("final", full=True)
+        self._discard("final")
+        self._out.close()
+        if not self.keep:
+            shutil.rmtree(self.run_dir / "snapshots", ignore_errors=True)
+        return row
+
+    def _complete_indexes(self) -> list[str]:
+        root = self.run_dir / "snapshots"
+        if not root.is_dir():
+            return []
+        names = sorted(p.name for p in root.iterdir() if p.name.isdigit())
+        return [
+            n for n in names
+            if all(snapshot_path(self.run_dir, n, r).is_file() for r in range(self.world))
+        ]
+
+    def _evaluate_set(self, index: str, full: bool) -> dict[str, float]:
+        loaded = [torch.load(snapshot_path(self.run_dir, index, r)) for r in range(self.world)]
+        states = [item["state"] for item in loaded]
+        iterations = [int(item["iteration"]) for item in loaded]
+        t = max(float(item.get("t", 0.0)) for item in loaded)
+        indices = None if full else self.subset
+        loss, accuracy = self._measure(average_states(states), indices)
+        name = "final" if index == "final" else "consensus"
+        row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations}
+        self._write(row)
+        if name == "consensus":
+            self.latest_loss = loss
+            if self.on_consensus is not None:
+                self.on_consensus(t, loss)
+        if self.per_worker and not full:
+            for rank, state in enumerate(states):
+                w_loss, w_acc = self._measure(state, indices)
+                self._write({**row, "model": f"rank{rank}", "loss": w_loss, "accuracy": w_acc})
+        return row
+
+    @torch.no_grad()
+    def _measure(
+        self, state: dict[str, torch.Tensor], indices: torch.Tensor | None
+    ) -> tuple[float, float]:
+        self.model.load_state_dict(state)
+        self.model.eval()
+        x = self.test_x if indices is None else self.test_x[indices]
+        y = self.test_y if indices is None else self.test_y[indices]
+        total_loss, correct = 0.0, 0
+        for start in range(0, len(y), 1000):
+            out = self.model(x[start : start + 1000])
+            target = y[start : start + 1000]
+            total_loss += float(self.workload.loss(out, target)) * len(target)
+            correct += self.workload.correct(out, target)
+        return total_loss / len(y), correct / len(y)
+
+    def _write(self, row: dict[str, object]) -> None:
+        self._out.write(json.dumps(row) + "\n")
+        self._out.flush()
+
+    def _discard(self, index: str) -> None:
+        if not self.keep:
+            shutil.rmtree(self.run_dir / "snapshots" / index, ignore_errors=True)

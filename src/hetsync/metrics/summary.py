@@ -1,0 +1,74 @@
+"""The figures of a finished run, computed from its logs (docs/run-directory.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hetsync.config import RunConfig
+
+__all__ = ["read_jsonl", "summarize", "write_summary"]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Rows of a JSON-lines file; a torn last line (a killed writer) is skipped."""
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict[str, Any]:
+    """Build summary.json's content from the worker logs and eval.jsonl."""
+    workers = [read_jsonl(run_dir / "workers" / f"rank{r}.jsonl") for r in range(config.workers)]
+    evals = read_jsonl(run_dir / "eval.jsonl")
+    iterations = [rows[-1]["iteration"] if rows else 0 for rows in workers]
+    ends = [rows[-1]["t"] for rows in workers if rows]
+    wall = max(ends) if ends else 0.0
+    batch = config.batch_size or 0
+    sync_wait = sum(row["sync_wait_s"] for rows in workers for row in rows)
+    busy = sum(ends)
+    target = config.target_loss
+    reached = [
+        row["t"] for row in evals
+        if row["model"] in ("consensus", "final") and target is not None and row["loss"] <= target
+    ]
+    final = next((row for row in reversed(evals) if row["model"] == "final"), None)
+    return {
+        "protocol": config.protocol,
+        "label": config.label or config.protocol,
+        "workload": config.workload if not config.script else Path(config.script[0]).name,
+        "workers": config.workers,
+        "slowdown": config.slowdown,
+        "step_time_ms": config.step_time,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "seed": config.seed,
+        "wall_time_s": round(wall, 3),
+        "iterations": iterations,
+        "samples_per_s": round(sum(iterations) * batch / wall, 2) if wall > 0 else 0.0,
+        "time_to_target_s": round(min(reached), 3) if reached else None,
+        "target_loss": target,
+        "final_loss": final["loss"] if final else _last_train_loss(workers),
+        "final_accuracy": final["accuracy"] if final else None,
+        "sync_wait_fraction": round(sync_wait / busy, 4) if busy > 0 else 0.0,
+        "stop_reason": stop_reason,
+    }
+
+
+def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:
+    """Without an evaluation (a user's script), the mean of the workers' recent train losses."""
+    tails = [row["loss"] for rows in workers for row in rows[-20:] if row.get("loss") is not None]
+    return sum(tails) / len(tails) if tails else None
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    path = run_dir / "summary.json"
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+    return path

@@ -1,0 +1,84 @@
+"""A worker's records: one JSON line per iteration and periodic snapshots of its model.
+
+Both stay off the critical path: log rows are buffered and flushed about once a second, and a
+snapshot is one `torch.save` of the state dict every `eval_every` seconds (evaluated by another
+process). A worker that was blocked across several snapshot times writes each missing one as a
+hard link of the same file, so every snapshot index exists for every rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["IterationLog", "Snapshotter", "snapshot_path"]
+
+
+def snapshot_path(run_dir: Path, index: int | str, rank: int) -> Path:
+    """Where rank `rank` writes snapshot `index` (an int, or "final")."""
+    name = index if isinstance(index, str) else f"{index:06d}"
+    return run_dir / "snapshots" / str(name) / f"rank{rank}.pt"
+
+
+class IterationLog:
+    """Buffered writer of `workers/rank{r}.jsonl` (see docs/run-directory.md)."""
+
+    def __init__(self, run_dir: Path, rank: int, flush_every: float = 1.0) -> None:
+        path = run_dir / "workers" / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = path.open("w")
+        self._rows: list[str] = []
+        self._flush_every = flush_every
+        self._last_flush = time.monotonic()
+
+    def append(self, row: dict[str, float | int]) -> None:
+        self._rows.append(json.dumps(row))
+        if time.monotonic() - self._last_flush >= self._flush_every:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._rows:
+            self._file.write("\n".join(self._rows) + "\n")
+            self._file.flush()
+            self._rows.clear()
+        self._last_flush = time.monotonic()
+
+    def close(self) -> None:
+        self.flush()
+        self._file.close()
+
+
+class Snapshotter:
+    """Writes the model's state every `every` seconds of run time, and once at the end."""
+
+    def __init__(self, run_dir: Path, rank: int, every: float) -> None:
+        self.run_dir, self.rank, self.every = run_dir, rank, every
+        self._next_index = 1
+
+    def maybe_snapshot(self, model: nn.Module, elapsed: float, iteration: int) -> None:
+        due = int(elapsed // self.every)
+        if due < self._next_index:
+            return
+        first = self._write(model, self._next_index, iteration, elapsed)
+        for index in range(self._next_index + 1, due + 1):
+            target = snapshot_path(self.run_dir, index, self.rank)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.link(first, target)
+        self._next_index = due + 1
+
+    def final(self, model: nn.Module, elapsed: float, iteration: int) -> None:
+        self._write(model, "final", iteration, elapsed)
+
+    def _write(self, model: nn.Module, index: int | str, iteration: int, elapsed: float) -> Path:
+        target = snapshot_path(self.run_dir, index, self.rank)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+        tmp = target.with_suffix(".tmp")
+        torch.save({"iteration": iteration, "t": elapsed, "state": state}, tmp)
+        os.replace(tmp, target)
+        return target

@@ -1,0 +1,54 @@
+"""Protocols by name: a registry filled by the `@register_protocol` decorator.
+
+Adding a protocol is one new module here that defines a `Protocol` subclass and registers it;
+nothing else in the tree changes. Modules are imported lazily by name so that importing
+hetsync stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from hetsync.errors import ConfigError
+from hetsync.protocols.base import Protocol, Step
+
+__all__ = ["Protocol", "Step", "available_protocols", "get_protocol", "register_protocol"]
+
+#: Modules that define the built-in protocols (imported on first lookup).
+BUILTIN_MODULES = ("hetsync.protocols.allreduce", "hetsync.protocols.ddp")
+
+_REGISTRY: dict[str, type[Protocol]] = {}
+
+
+def register_protocol(name: str) -> Callable[[type[Protocol]], type[Protocol]]:
+    """Class decorator: make a Protocol subclass available as `--protocol name`."""
+
+    def register(cls: type[Protocol]) -> type[Protocol]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"protocol {name!r} is already registered by {_REGISTRY[name]}")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return register
+
+
+def _load_builtins() -> None:
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
+
+
+def available_protocols() -> list[str]:
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def get_protocol(name: str) -> type[Protocol]:
+    """The protocol class called `name`; the error lists the known ones."""
+    _load_builtins()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise ConfigError(f"unknown protocol {name!r} (known: {known})") from None

@@ -1,0 +1,39 @@
+"""All-Reduce: average the gradients of all workers before every optimizer step.
+
+The baseline that runs at the speed of the slowest worker. Gradients are flattened into one
+buffer, divided by the world size and summed with a single `all_reduce`, as DDP's default
+communication hook does, so that `allreduce` and `ddp` compute the same numbers.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.transport.flat import flatten_with_vote, ring_allreduce_bytes, unflatten_into
+
+
+@register_protocol("allreduce")
+class AllReduce(Protocol):
+    """Synchronous data-parallel SGD with gradients averaged by one all-reduce per step."""
+
+    def before_optimizer_step(self, step: Step) -> None:
+        step.begin_sync()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        world = self.runtime.world_size
+        flat = flatten_with_vote(grads, step.wants_stop)
+        flat[:-1].div_(world)
+        with step.blocking():
+            dist.all_reduce(flat)
+        unflatten_into(flat[:-1], grads)
+        step.stop = bool(flat[-1] > 0)
+        step.bytes_sent += ring_allreduce_bytes(flat, world)
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the stop decision was agreed in the all-reduce."""

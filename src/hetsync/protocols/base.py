@@ -1,0 +1,97 @@
+"""The one interface every protocol implements, and the per-iteration record it fills in.
+
+The training loop (`hetsync.SyncOptimizer`) calls a protocol at three points of an iteration:
+
+    backward() -> before_optimizer_step(step) -> optimizer.step() -> after_optimizer_step(step)
+
+Gradient protocols (allreduce, ps) act before the optimizer step, model-averaging protocols
+(D-PSGD, Hop, Prague, ...) after it. A protocol calls `step.begin_sync()` right before it first
+communicates: that is where the emulated compute time and the injected slowdown are slept, so a
+slow worker delays exactly the synchronisation it takes part in. Every blocking wait goes
+inside `with step.blocking():` so that it is counted as synchronisation time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
+
+from torch import nn
+
+if TYPE_CHECKING:
+    from hetsync.transport.runtime import Runtime
+
+__all__ = ["Protocol", "Step"]
+
+
+@dataclass
+class Step:
+    """One iteration of one worker, as seen by its protocol."""
+
+    iteration: int
+    """The iteration being run, counting from 1."""
+    start: float = field(default_factory=time.perf_counter)
+    wants_stop: bool = False
+    """This worker's own stop conditions hold; known after `begin_sync()`."""
+    stop: bool = False
+    """The run stops after this iteration; protocols that must agree set it together."""
+    compute_s: float = 0.0
+    injected_delay_s: float = 0.0
+    sync_wait_s: float = 0.0
+    bytes_sent: int = 0
+    on_begin_sync: Callable[[Step], None] | None = None
+    on_phase: Callable[[str], None] | None = None
+    _synced: bool = False
+
+    def begin_sync(self) -> None:
+        """Finish the emulated compute of this iteration (idempotent); see the module doc."""
+        if not self._synced:
+            self._synced = True
+            if self.on_begin_sync is not None:
+                self.on_begin_sync(self)
+
+    @contextmanager
+    def blocking(self) -> Iterator[None]:
+        """Count the time spent inside as time blocked in synchronisation."""
+        if self.on_phase is not None:
+            self.on_phase("sync")
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sync_wait_s += time.perf_counter() - began
+            if self.on_phase is not None:
+                self.on_phase("compute")
+
+
+class Protocol:
+    """Base of all protocols; subclasses register with `@register_protocol(name)`."""
+
+    name: ClassVar[str]
+    #: True if every worker must stop at the same iteration (collectives would hang otherwise).
+    stops_together: ClassVar[bool] = True
+
+    def __init__(self, runtime: Runtime, model: nn.Module) -> None:
+        self.runtime = runtime
+        self.model = model
+
+    def begin_iteration(self, step: Step) -> None:
+        """Called before the forward pass of `step` (for hooks that fire inside backward())."""
+
+    def wrap_model(self) -> nn.Module:
+        """The module the user's forward pass must call (DDP wraps; others return the model)."""
+        return self.model
+
+    def before_optimizer_step(self, step: Step) -> None:
+        """Called after backward(), before optimizer.step()."""
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Called after optimizer.step(); model averaging happens here."""
+        step.begin_sync()
+        step.stop = step.wants_stop
+
+    def close(self) -> None:
+        """Release threads and buffers; the process group is torn down by the caller."""

@@ -1,0 +1,75 @@
+"""PyTorch's own DistributedDataParallel, the reference users know.
+
+DDP all-reduces gradient buckets during backward(). A communication hook replaces its default
+one to do the same arithmetic (divide by the world size, then sum) while adding what hetsync
+needs: the emulated compute time and slowdown are slept before the first bucket is reduced,
+the time until the reduction completes is counted as synchronisation, and the stop vote rides
+in the last element of every bucket.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.transport.flat import flatten_with_vote, ring_allreduce_bytes
+from hetsync.transport.runtime import Runtime
+
+
+@register_protocol("ddp")
+class DDP(Protocol):
+    """`torch.nn.parallel.DistributedDataParallel` with hetsync's measuring hook."""
+
+    def __init__(self, runtime: Runtime, model: nn.Module) -> None:
+        super().__init__(runtime, model)
+        device_ids = [runtime.device] if runtime.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids)
+        self.ddp.register_comm_hook(None, self._hook)
+        self.step: Step | None = None
+        self._votes: list[bool] = []
+
+    def wrap_model(self) -> nn.Module:
+        return self.ddp
+
+    def before_optimizer_step(self, step: Step) -> None:
+        # Gradients were reduced during backward(); only the votes remain to be read.
+        step.stop = any(self._votes)
+        self._votes.clear()
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: DDP reduced the gradients during backward()."""
+
+    def begin_iteration(self, step: Step) -> None:
+        self.step = step
+
+    def _hook(
+        self, _state: object, bucket: dist.GradBucket
+    ) -> torch.futures.Future[torch.Tensor]:
+        step = self.step
+        if step is None:
+            raise RuntimeError("DDP protocol: backward() ran before SyncOptimizer bound a step")
+        step.begin_sync()
+        world = self.runtime.world_size
+        buffer = bucket.buffer()
+        flat = flatten_with_vote([buffer], step.wants_stop)
+        flat[:-1].div_(world)
+        step.bytes_sent += ring_allreduce_bytes(flat, world)
+        if step.on_phase is not None:
+            step.on_phase("sync")
+        began = time.perf_counter()
+        future = dist.all_reduce(flat, async_op=True).get_future()
+
+        def finish(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            reduced = fut.value()[0]
+            step.sync_wait_s += time.perf_counter() - began
+            self._votes.append(bool(reduced[-1] > 0))
+            buffer.copy_(reduced[:-1])
+            return buffer
+
+        return future.then(finish)

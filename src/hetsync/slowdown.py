@@ -1,0 +1,146 @@
+"""Slowdown injection: which iterations of which worker run slower, and by how much.
+
+Pure logic (no sleeping here): `SlowdownSpec.factor(rank, iteration)` says how many times the
+normal step time an iteration takes; `pacing()` turns that into the padding and delay to sleep.
+Random slowdowns are drawn from a generator seeded by (seed, rank, iteration), so a run is
+reproducible whatever order the workers query it in.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetsync.errors import ConfigError
+
+__all__ = ["SlowdownSpec", "parse_slowdown", "pacing"]
+
+_FORMS = "none, deterministic:ranks=R[+R...],factor=F, random:p=P,factor=F or trace:FILE"
+
+
+@dataclass(frozen=True)
+class SlowdownSpec:
+    """A parsed `--slowdown` value."""
+
+    kind: str
+    ranks: frozenset[int] = frozenset()
+    factor_value: float = 1.0
+    p: float = 0.0
+    seed: int = 0
+    trace: dict[tuple[int, int], float] = field(default_factory=dict)
+    text: str = "none"
+
+    def factor(self, rank: int, iteration: int) -> float:
+        """How many times its normal time `iteration` (counted from 1) of `rank` takes."""
+        if self.kind == "deterministic":
+            return self.factor_value if rank in self.ranks else 1.0
+        if self.kind == "random":
+            draw = random.Random(f"hetsync/{self.seed}/{rank}/{iteration}").random()
+            return self.factor_value if draw < self.p else 1.0
+        if self.kind == "trace":
+            return self.trace.get((rank, iteration), 1.0)
+        return 1.0
+
+    def check_ranks(self, workers: int) -> None:
+        """Raise ConfigError if the spec names a rank that does not exist."""
+        named = set(self.ranks) | {rank for rank, _ in self.trace}
+        bad = sorted(r for r in named if r >= workers)
+        if bad:
+            raise ConfigError(
+                f"--slowdown names rank {bad[0]}, but there are only {workers} workers "
+                f"(ranks 0..{workers - 1})"
+            )
+
+
+def pacing(compute_s: float, step_time_s: float, factor: float) -> tuple[float, float]:
+    """Return (padding, injected delay) in seconds for one iteration.
+
+    The padding brings the real compute time up to the emulated step time; a slowed iteration
+    then takes `factor` times that, so the delay is (factor - 1) x the padded step.
+    """
+    base = max(compute_s, step_time_s)
+    return base - compute_s, (factor - 1.0) * base
+
+
+def parse_slowdown(text: str, seed: int = 0) -> SlowdownSpec:
+    """Parse a `--slowdown` value; raise ConfigError naming what is wrong."""
+    text = text.strip()
+    kind, _, rest = text.partition(":")
+    if kind == "none" and not rest:
+        return SlowdownSpec(kind="none")
+    if kind == "trace":
+        return _parse_trace(rest, text)
+    if kind not in ("deterministic", "random"):
+        raise ConfigError(f"bad --slowdown {text!r}: expected {_FORMS}")
+    params = _key_values(rest, text)
+    factor = _number(params.pop("factor", None), "factor", text)
+    if factor < 1:
+        raise ConfigError(f"bad --slowdown {text!r}: factor must be >= 1 (got {factor:g})")
+    if kind == "deterministic":
+        ranks_text = params.pop("ranks", None)
+        if ranks_text is None:
+            raise ConfigError(f"bad --slowdown {text!r}: missing ranks=R[+R...]")
+        ranks = frozenset(_rank(r, text) for r in ranks_text.split("+"))
+        _no_extra(params, text)
+        return SlowdownSpec(kind=kind, ranks=ranks, factor_value=factor, text=text)
+    p = _number(params.pop("p", None), "p", text)
+    if not 0 <= p <= 1:
+        raise ConfigError(f"bad --slowdown {text!r}: p must be in [0, 1] (got {p:g})")
+    _no_extra(params, text)
+    return SlowdownSpec(kind=kind, factor_value=factor, p=p, seed=seed, text=text)
+
+
+def _key_values(rest: str, text: str) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not value:
+            raise ConfigError(f"bad --slowdown {text!r}: {item!r} is not key=value")
+        params[key.strip()] = value.strip()
+    return params
+
+
+def _number(value: str | None, name: str, text: str) -> float:
+    if value is None:
+        raise ConfigError(f"bad --slowdown {text!r}: missing {name}=")
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"bad --slowdown {text!r}: {name}={value} is not a number") from None
+
+
+def _rank(value: str, text: str) -> int:
+    if not value.strip().isdigit():
+        raise ConfigError(f"bad --slowdown {text!r}: rank {value!r} is not a non-negative integer")
+    return int(value)
+
+
+def _no_extra(params: dict[str, str], text: str) -> None:
+    if params:
+        raise ConfigError(f"bad --slowdown {text!r}: unknown key {sorted(params)[0]!r}")
+
+
+def _parse_trace(path_text: str, text: str) -> SlowdownSpec:
+    path = Path(path_text)
+    if not path_text or not path.is_file():
+        raise ConfigError(f"bad --slowdown {text!r}: trace file {path_text!r} not found")
+    trace: dict[tuple[int, int], float] = {}
+    with path.open(newline="") as f:
+        for line_no, row in enumerate(csv.reader(f), start=1):
+            if not row or row[0].strip().startswith("#") or (line_no == 1 and row[0] == "rank"):
+                continue
+            try:
+                rank, iteration, factor = int(row[0]), int(row[1]), float(row[2])
+            except (ValueError, IndexError):
+                raise ConfigError(
+                    f"bad trace {path}: line {line_no} is not 'rank,iteration,factor'"
+                ) from None
+            if rank < 0 or iteration < 1 or factor < 1:
+                raise ConfigError(
+                    f"bad trace {path}: line {line_no} needs rank >= 0, iteration >= 1, "
+                    "factor >= 1"
+                )
+            trace[(rank, iteration)] = factor
+    return SlowdownSpec(kind="trace", trace=trace, text=text)

@@ -1,0 +1,1 @@
+"""Everything that touches torch.distributed: process-group set-up, flat buffers, the store."""

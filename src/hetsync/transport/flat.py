@@ -1,0 +1,35 @@
+"""One flat buffer per synchronisation: a single collective instead of one per tensor.
+
+The last element of a gradient buffer carries this worker's stop vote, so that all workers
+agree to stop at the same iteration without an extra collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["flatten_with_vote", "ring_allreduce_bytes", "unflatten_into"]
+
+
+def flatten_with_vote(tensors: Sequence[torch.Tensor], vote: bool) -> torch.Tensor:
+    """Concatenate `tensors` and a trailing 1.0 (stop) or 0.0 (go on) into a new buffer."""
+    flag = torch.tensor([1.0 if vote else 0.0], dtype=tensors[0].dtype, device=tensors[0].device)
+    return torch.cat([t.reshape(-1) for t in tensors] + [flag])
+
+
+def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Copy consecutive slices of `flat` back into `tensors` (in place)."""
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+def ring_allreduce_bytes(buffer: torch.Tensor, world_size: int) -> int:
+    """Bytes one worker sends in a bandwidth-optimal (ring) all-reduce of `buffer`."""
+    if world_size <= 1:
+        return 0
+    return int(2 * (world_size - 1) * buffer.numel() * buffer.element_size() / world_size)

@@ -1,0 +1,173 @@
+"""A worker's connection to the run: rank, process group, control store and run settings.
+
+`init()` works the same under `hetsync launch`/`hetsync train` (the launcher hosts a TCPStore
+and passes its port), under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, ... from the agent) and
+in a plain single process (a world of one). NCCL is used when CUDA devices are present (one GPU
+per local rank), gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hetsync.config import RunConfig, load_toml
+
+__all__ = ["Runtime", "current_runtime", "init"]
+
+#: Environment variables the launcher sets for its workers.
+ENV_STORE_PORT = "HETSYNC_STORE_PORT"
+ENV_RUN_DIR = "HETSYNC_RUN_DIR"
+ENV_CONFIG = "HETSYNC_CONFIG"
+PG_TIMEOUT = datetime.timedelta(seconds=120)
+
+
+@dataclass
+class Runtime:
+    """What a worker knows about the run it belongs to."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+    config: RunConfig
+    store: dist.Store
+    """Control store (heartbeats, stop flag); never used for tensors."""
+    t0: float
+    """Origin of the run's time axis: rank 0's clock when all workers were ready to train."""
+    run_dir: Path | None
+    launched: bool
+    """True under `hetsync launch`/`train`, whose parent process monitors and evaluates."""
+
+    def elapsed(self) -> float:
+        return time.time() - self.t0
+
+    def start_clock(self) -> None:
+        """Barrier, then every rank takes rank 0's clock as the origin of the time axis."""
+        if self.world_size > 1:
+            dist.barrier()
+        if self.rank == 0:
+            self.store.set("t0", repr(time.time()))
+        self.t0 = float(self.store.get("t0").decode())
+
+    def log_path(self) -> Path | None:
+        return self.run_dir / "logs" / f"rank{self.rank}.log" if self.run_dir else None
+
+
+_RUNTIME: Runtime | None = None
+
+
+def current_runtime() -> Runtime:
+    """The runtime made by `init()`, or a clear error if it was not called."""
+    if _RUNTIME is None:
+        raise RuntimeError("hetsync.init() must be called before using hetsync's synchronizers")
+    return _RUNTIME
+
+
+def init(**defaults: object) -> Runtime:
+    """Join the run: set up the process group and read the run's settings.
+
+    Keyword arguments are defaults for the run's options (for example `protocol="ddp"`); the
+    launcher's options (or `HETSYNC_CONFIG=FILE.toml` under torchrun) override them.
+    """
+    global _RUNTIME
+    if _RUNTIME is not None:
+        return _RUNTIME
+    torch.set_num_threads(int(os.environ.get("HETSYNC_THREADS", "1")))
+    run_dir = Path(os.environ[ENV_RUN_DIR]) if ENV_RUN_DIR in os.environ else None
+    config = _read_config(defaults, run_dir)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    backend, device = _backend_and_device(config.backend, local_rank)
+    if run_dir is None and config.out is not None:
+        run_dir = Path(config.out)
+    launched = ENV_STORE_PORT in os.environ
+    if launched:
+        store: dist.Store = dist.TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"),
+            int(os.environ[ENV_STORE_PORT]),
+            is_master=False,
+            timeout=PG_TIMEOUT,
+        )
+        dist.init_process_group(
+            backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
+            timeout=PG_TIMEOUT, device_id=device if backend == "nccl" else None,
+        )
+    elif "MASTER_ADDR" in os.environ:
+        dist.init_process_group(
+            backend, init_method="env://", rank=rank, world_size=world, timeout=PG_TIMEOUT,
+            device_id=device if backend == "nccl" else None,
+        )
+        store = dist.distributed_c10d._get_default_store()
+    else:
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    _RUNTIME = Runtime(
+        rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
+        config=config, store=dist.PrefixStore("hetsync", store), t0=time.time(),
+        run_dir=run_dir, launched=launched,
+    )
+    _install_failure_reporting(_RUNTIME)
+    return _RUNTIME
+
+
+def shutdown() -> None:
+    """Leave the run: destroy the process group (idempotent)."""
+    global _RUNTIME
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _RUNTIME = None
+
+
+def _read_config(defaults: dict[str, object], run_dir: Path | None) -> RunConfig:
+    config = RunConfig.from_dict(dict(defaults), source="hetsync.init()")
+    if run_dir is not None and (run_dir / "config.json").is_file():
+        return RunConfig.read(run_dir / "config.json")
+    if ENV_CONFIG in os.environ:
+        merged = {**config.__dict__, **load_toml(Path(os.environ[ENV_CONFIG]))}
+        return RunConfig.from_dict(merged, source=os.environ[ENV_CONFIG])
+    return config
+
+
+def _backend_and_device(requested: str, local_rank: int) -> tuple[str, torch.device]:
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    backend = requested if requested != "auto" else ("nccl" if cuda else "gloo")
+    if backend == "nccl":
+        if not cuda:
+            raise RuntimeError("--backend nccl needs CUDA devices; none is visible")
+        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        return backend, device
+    return backend, torch.device("cpu")
+
+
+def _install_failure_reporting(runtime: Runtime) -> None:
+    """Tracebacks of crashes and stacks of hangs go to logs/rank{r}.log for the launcher."""
+    log = runtime.log_path()
+    if log is None:
+        return
+    log.parent.mkdir(parents=True, exist_ok=True)
+    stack_file = open(log.with_suffix(".stack"), "w")  # noqa: SIM115 - lives as long as the process
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+
+    def write_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        log.write_text("".join(traceback.format_exception(kind, value, tb)))  # type: ignore[arg-type]
+        sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = write_traceback
+    threading.excepthook = lambda args: write_traceback(
+        args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback
+    )
