@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="plots and a table from run directories")
     report.add_argument("runs", nargs="+", type=Path, help="run directories")
     report.add_argument("--out", type=Path, required=True, help="folder for plots and report.md")
+    demo = sub.add_parser("demo", help="allreduce vs ddp, 8 workers, one 4x slow, + report")
+    demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder")
+    demo.add_argument("--workers", type=int, default=8, help="number of workers")
+    demo.add_argument("--max-time", type=float, default=40.0, help="seconds per run")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
     sub.add_parser("protocols", help="list the available protocols")
     sub.add_parser("workloads", help="list the built-in workloads")
     return parser
@@ -128,6 +133,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     raise ConfigError(f"{run} is not a run directory (no summary.json)")
             path = write_report(args.runs, args.out)
             print(f"report: {path}\nplots: {args.out}/*.png")
+            return 0
+        if args.command == "demo":
+            from hetsync.demo import run_demo
+
+            run_demo(args.out, args.workers, args.max_time, args.quiet)
             return 0
         config = config_from_args(args)
         if args.command == "train" and _under_torchrun():

@@ -48,9 +48,8 @@ class DDP(Protocol):
     def begin_iteration(self, step: Step) -> None:
         self.step = step
 
-    def _hook(
-        self, _state: object, bucket: dist.GradBucket
-    ) -> torch.futures.Future[torch.Tensor]:
+    def _hook(self, state, bucket):  # noqa: ANN001, ANN202 - DDP rejects postponed annotations
+        """DDP communication hook: `bucket` is a dist.GradBucket; returns a Future[Tensor]."""
         step = self.step
         if step is None:
             raise RuntimeError("DDP protocol: backward() ran before SyncOptimizer bound a step")
