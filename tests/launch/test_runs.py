@@ -1,0 +1,128 @@
+"""Real multi-process runs over gloo: training, protocol equality, failures."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from hetsync.config import RunConfig
+from hetsync.errors import WorkerFailed
+from hetsync.launch.launcher import run
+from hetsync.metrics.summary import read_jsonl
+
+pytestmark = pytest.mark.integration
+EXAMPLE = Path(__file__).parents[2] / "examples" / "own_script.py"
+
+
+def _losses(run_dir: Path, rank: int) -> list[float]:
+    return [row["loss"] for row in read_jsonl(run_dir / "workers" / f"rank{rank}.jsonl")]
+
+
+def _processes_of(run_dir: Path) -> list[int]:
+    """PIDs of live processes whose environment names this run (leftover workers)."""
+    marker = f"HETSYNC_RUN_DIR={run_dir}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if marker in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_allreduce_loss_falls_and_everything_is_recorded(train_run):
+    result = train_run(workers=4, max_iterations=150, stop_at_target=False, step_time=2.0)
+    summary = result.summary
+    assert summary["iterations"] == [150] * 4
+    assert summary["stop_reason"] == "max_iterations"
+    for rank in range(4):
+        losses = _losses(result.run_dir, rank)
+        assert len(losses) == 150
+        assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
+    evals = read_jsonl(result.run_dir / "eval.jsonl")
+    consensus = [row for row in evals if row["model"] == "consensus"]
+    assert consensus and {f"rank{r}" for r in range(4)} <= {row["model"] for row in evals}
+    assert summary["final_loss"] < 0.6 * consensus[0]["loss"]
+    assert summary["final_accuracy"] > 0.8
+    assert 0 < summary["sync_wait_fraction"] < 1 and summary["samples_per_s"] > 0
+    assert not (result.run_dir / "snapshots").exists()
+
+
+def test_allreduce_and_ddp_compute_the_same_losses(train_run):
+    common = {"workers": 3, "max_iterations": 40, "stop_at_target": False, "seed": 4}
+    ours = train_run(protocol="allreduce", label="allreduce", **common)
+    torch_ddp = train_run(protocol="ddp", label="ddp", **common)
+    for rank in range(3):
+        a, b = _losses(ours.run_dir, rank), _losses(torch_ddp.run_dir, rank)
+        assert len(a) == len(b) == 40
+        assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    assert ours.summary["final_loss"] == pytest.approx(torch_ddp.summary["final_loss"], rel=1e-4)
+
+
+def test_target_loss_stops_every_worker_together(train_run):
+    result = train_run(workers=2, target_loss=0.6, max_time=60)
+    summary = result.summary
+    assert summary["stop_reason"] == "target_loss"
+    assert summary["time_to_target_s"] is not None
+    assert summary["iterations"][0] == summary["iterations"][1]
+
+
+def test_slowdown_is_injected_and_logged(train_run):
+    result = train_run(
+        workers=3, max_iterations=30, step_time=10.0, slowdown="deterministic:ranks=1,factor=3",
+        stop_at_target=False,
+    )
+    rows = {r: read_jsonl(result.run_dir / f"workers/rank{r}.jsonl") for r in range(3)}
+    delays = {r: [row["injected_delay_s"] for row in rows[r]] for r in range(3)}
+    assert set(delays[0]) == {0.0} and set(delays[2]) == {0.0}
+    assert all(d >= 0.02 - 1e-3 for d in delays[1])  # (3 - 1) x 10 ms
+
+
+@pytest.mark.parametrize(
+    ("fault", "expected"),
+    [
+        ("1:15:kill", "worker rank 1 was killed by signal SIGKILL"),
+        ("2:10:raise", "worker rank 2 failed with exit code 1"),
+    ],
+)
+def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, monkeypatch, tmp_path):
+    monkeypatch.setenv("HETSYNC_FAULT", fault)
+    out = tmp_path / "run"
+    started = time.monotonic()
+    with pytest.raises(WorkerFailed) as failure:
+        run(RunConfig(workload="digits", workers=3, max_iterations=500, out=out, quiet=True,
+                      stop_at_target=False))
+    assert time.monotonic() - started < 30
+    assert expected in str(failure.value)
+    if "raise" in fault:
+        assert "injected fault (HETSYNC_FAULT)" in str(failure.value)
+    assert _processes_of(out) == []
+
+
+def test_a_hung_worker_is_named_with_its_stack(monkeypatch, tmp_path):
+    monkeypatch.setenv("HETSYNC_FAULT", "1:10:hang")
+    out = tmp_path / "run"
+    started = time.monotonic()
+    with pytest.raises(WorkerFailed) as failure:
+        run(RunConfig(workload="digits", workers=3, max_iterations=500, out=out, quiet=True,
+                      hang_timeout=3.0, stop_at_target=False))
+    assert time.monotonic() - started < 30
+    message = str(failure.value)
+    assert "worker rank 1 hung" in message
+    assert "_inject_fault" in message  # its stack, dumped on SIGUSR1
+    assert _processes_of(out) == []
+
+
+def test_users_own_script_under_hetsync_launch(tmp_path):
+    out = tmp_path / "own"
+    result = run(RunConfig(script=[str(EXAMPLE), "--epochs", "100"], workers=2,
+                           max_iterations=25, slowdown="deterministic:ranks=1,factor=2",
+                           step_time=5.0, out=out, quiet=True))
+    assert result.summary["iterations"] == [25, 25]
+    assert result.summary["workload"] == "own_script.py"
+    assert _losses(out, 0)[-1] < _losses(out, 0)[0]

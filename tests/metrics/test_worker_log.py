@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import json
+
+import torch
+from torch import nn
+
+from hetsync.metrics.evaluator import average_states
+from hetsync.metrics.worker_log import IterationLog, Snapshotter, snapshot_path
+
+
+def test_iteration_log_writes_every_row(tmp_path):
+    log = IterationLog(tmp_path, rank=2, flush_every=3600)
+    for i in range(1, 6):
+        log.append({"t": i * 0.1, "iteration": i, "loss": 1.0 / i})
+    log.close()
+    rows = [json.loads(line) for line in (tmp_path / "workers" / "rank2.jsonl").open()]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_snapshotter_fills_every_index_it_slept_through(tmp_path):
+    model = nn.Linear(3, 1)
+    snaps = Snapshotter(tmp_path, rank=0, every=1.0)
+    snaps.maybe_snapshot(model, elapsed=0.5, iteration=1)  # nothing due yet
+    assert not (tmp_path / "snapshots").exists()
+    snaps.maybe_snapshot(model, elapsed=3.2, iteration=9)  # blocked across 1, 2 and 3
+    for index in (1, 2, 3):
+        saved = torch.load(snapshot_path(tmp_path, index, 0))
+        assert saved["iteration"] == 9 and saved["t"] == 3.2
+    snaps.maybe_snapshot(model, elapsed=3.9, iteration=10)
+    assert not snapshot_path(tmp_path, 4, 0).exists()
+    snaps.final(model, elapsed=4.5, iteration=11)
+    assert torch.load(snapshot_path(tmp_path, "final", 0))["iteration"] == 11
+
+
+def test_average_states_is_the_mean():
+    states = [{"w": torch.full((2,), float(r)), "n": torch.tensor(r)} for r in range(4)]
+    averaged = average_states(states)
+    assert torch.equal(averaged["w"], torch.full((2,), 1.5))
+    assert averaged["n"].dtype == torch.int64

@@ -1,0 +1,71 @@
+from __future__ import annotations
+
+import pytest
+
+from hetsync.errors import ConfigError
+from hetsync.slowdown import pacing, parse_slowdown
+
+
+def test_none_never_slows():
+    spec = parse_slowdown("none")
+    assert {spec.factor(r, i) for r in range(4) for i in range(1, 50)} == {1.0}
+
+
+def test_deterministic_slows_exactly_the_named_ranks():
+    spec = parse_slowdown("deterministic:ranks=3+5,factor=4")
+    assert [spec.factor(r, 7) for r in range(6)] == [1, 1, 1, 4, 1, 4]
+
+
+def test_random_is_reproducible_and_has_the_requested_rate():
+    a = parse_slowdown("random:p=0.1,factor=4", seed=7)
+    b = parse_slowdown("random:p=0.1,factor=4", seed=7)
+    draws = [a.factor(r, i) for r in range(8) for i in range(1, 2001)]
+    assert draws == [b.factor(r, i) for r in range(8) for i in range(1, 2001)]
+    assert set(draws) == {1.0, 4.0}
+    assert 0.08 < draws.count(4.0) / len(draws) < 0.12
+    other_seed = parse_slowdown("random:p=0.1,factor=4", seed=8)
+    assert draws != [other_seed.factor(r, i) for r in range(8) for i in range(1, 2001)]
+
+
+def test_trace_file(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("rank,iteration,factor\n1,3,5\n0,1,2.5\n")
+    spec = parse_slowdown(f"trace:{trace}")
+    assert spec.factor(1, 3) == 5 and spec.factor(0, 1) == 2.5 and spec.factor(1, 4) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("sometimes", "expected none"),
+        ("deterministic:factor=4", "missing ranks"),
+        ("deterministic:ranks=a,factor=4", "rank 'a'"),
+        ("deterministic:ranks=1,factor=0.5", "factor must be >= 1"),
+        ("random:p=2,factor=4", "p must be in [0, 1]"),
+        ("random:p=0.1", "missing factor"),
+        ("random:p=0.1,factor=4,q=1", "unknown key 'q'"),
+        ("trace:/no/such/file.csv", "not found"),
+    ],
+)
+def test_bad_specs_name_the_problem(text, fragment):
+    with pytest.raises(ConfigError, match=None) as error:
+        parse_slowdown(text)
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+def test_bad_trace_line(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("1,3\n")
+    with pytest.raises(ConfigError, match="line 1"):
+        parse_slowdown(f"trace:{trace}")
+
+
+def test_rank_out_of_range():
+    with pytest.raises(ConfigError, match="rank 9, but there are only 4 workers"):
+        parse_slowdown("deterministic:ranks=9,factor=2").check_ranks(4)
+
+
+def test_pacing_pads_to_step_time_then_multiplies():
+    assert pacing(0.01, 0.05, 1.0) == pytest.approx((0.04, 0.0))
+    assert pacing(0.01, 0.05, 4.0) == pytest.approx((0.04, 0.15))
+    assert pacing(0.08, 0.05, 2.0) == pytest.approx((0.0, 0.08))  # compute beyond the step
