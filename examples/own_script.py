@@ -1,5 +1,6 @@
 """Your own training script, made data-parallel by hetsync: the lines marked `# hetsync`.
 
+Three lines are added and three changed (the sampler, the loop header, `step(loss=...)`).
 Run it on this machine with 4 workers, one of them 4x slow:
 
     hetsync launch --workers 4 --protocol allreduce --slowdown deterministic:ranks=3,factor=4 \
@@ -20,7 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
-import hetsync  # hetsync
+import hetsync  # hetsync (added)
 
 
 def main() -> None:
@@ -28,30 +29,23 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=20)
     args = parser.parse_args()
 
-    hetsync.init()  # hetsync: join the run (process group, options, slowdown)
+    hetsync.init()  # hetsync (added): join the run: process group, options, slowdown
     x, y = load_breast_cancer(return_X_y=True)
     x = torch.tensor((x - x.mean(0)) / x.std(0), dtype=torch.float32)
     dataset = TensorDataset(x, torch.tensor(y, dtype=torch.float32))
-    loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))
+    loader = DataLoader(dataset, batch_size=32, sampler=DistributedSampler(dataset))  # hetsync
 
-    torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    model, optimizer = hetsync.prepare(model, optimizer)  # hetsync
+    model, optimizer = hetsync.prepare(model, optimizer)  # hetsync (added)
     loss_fn = nn.BCEWithLogitsLoss()
 
-    for epoch in range(args.epochs):
-        loader.sampler.set_epoch(epoch)
-        for xb, yb in loader:
-            optimizer.zero_grad()
-            loss = loss_fn(model(xb).squeeze(1), yb)
-            loss.backward()
-            optimizer.step(loss=loss)  # hetsync: `loss=` is optional, it is logged
-            if optimizer.should_stop:  # hetsync: time/iteration limits agreed by all workers
-                break
-        if optimizer.should_stop:
-            break
-    optimizer.close()
+    for xb, yb in optimizer.iterate(loader, epochs=args.epochs):  # hetsync: stops together
+        optimizer.zero_grad()
+        loss = loss_fn(model(xb).squeeze(1), yb)
+        loss.backward()
+        optimizer.step(loss=loss)  # hetsync: `loss=` is optional; it is logged
+
     print(f"rank {torch.distributed.get_rank()}: {optimizer.iteration} iterations, "
           f"last loss {loss.item():.4f}")
 

@@ -12,13 +12,17 @@
             break
     opt.close()
 
+or, with a DataLoader, `for x, y in opt.iterate(loader, epochs=10):`, which also handles
+`set_epoch`, stopping and `close()`.
+
 hetsync's own workloads train through exactly this loop (hetsync/launch/worker.py).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -26,6 +30,7 @@ from torch import nn
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
 from hetsync.protocols import Protocol, Step, get_protocol
 from hetsync.slowdown import pacing
+from hetsync.transport.flat import broadcast_model
 from hetsync.transport.runtime import Runtime, current_runtime
 
 __all__ = ["SyncOptimizer", "prepare"]
@@ -33,6 +38,7 @@ __all__ = ["SyncOptimizer", "prepare"]
 #: Key in the control store that, once set, asks every worker to stop (value: the reason).
 STOP_KEY = "stop"
 _STOP_POLL_S = 0.25
+Batch = TypeVar("Batch")
 
 
 class SyncOptimizer:
@@ -53,6 +59,8 @@ class SyncOptimizer:
     ) -> None:
         self.runtime = runtime or current_runtime()
         config = self.runtime.config
+        if self.runtime.world_size > 1:
+            broadcast_model(model)  # every worker starts from rank 0's model
         self.optimizer = optimizer
         self.protocol: Protocol = get_protocol(protocol or config.protocol)(self.runtime, model)
         self.model = self.protocol.wrap_model()
@@ -63,6 +71,7 @@ class SyncOptimizer:
         self.should_stop = False
         self.stop_reason: str | None = None
         self._stop_requested = False
+        self._closed = False
         self._next_stop_poll = 0.0
         run_dir = self.runtime.run_dir
         self._log = IterationLog(run_dir, self.runtime.rank) if run_dir else None
@@ -108,8 +117,30 @@ class SyncOptimizer:
         self._step = self._new_step()
         return step
 
+    def iterate(self, loader: Iterable[Batch], epochs: int | None = None) -> Iterator[Batch]:
+        """Batches of `loader`, epoch after epoch, until the run stops; then `close()`.
+
+        Calls `loader.sampler.set_epoch(epoch)` where the sampler has it (DistributedSampler).
+        """
+        epoch = 0
+        try:
+            while epochs is None or epoch < epochs:
+                sampler = getattr(loader, "sampler", None)
+                if hasattr(sampler, "set_epoch"):
+                    sampler.set_epoch(epoch)
+                for batch in loader:
+                    yield batch
+                    if self.should_stop:
+                        return
+                epoch += 1
+        finally:
+            self.close()
+
     def close(self) -> None:
-        """Write the final snapshot and logs; release the protocol's resources."""
+        """Write the final snapshot and logs; release the protocol's resources (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._snapshots is not None:
             self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)
         if self._log is not None:

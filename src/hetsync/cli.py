@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "train" and _under_torchrun():
             from hetsync.launch.worker import run_under_torchrun
 
+            config.workers = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun decides
             run_under_torchrun(config.validate().resolved())
             return 0
         from hetsync.launch.launcher import run
@@ -162,16 +163,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
-    ttt = summary["time_to_target_s"]
-    reached = f"{ttt:.1f} s" if isinstance(ttt, float) else "not reached"
-    loss = summary["final_loss"]
-    loss_text = f"{loss:.4f}" if isinstance(loss, float) else "-"
-    print(
-        f"{summary['label']}: {summary['wall_time_s']:.1f} s, "
-        f"{summary['samples_per_s']:.0f} samples/s, target {summary['target_loss']} {reached}, "
-        f"final loss {loss_text}, sync wait {100 * float(summary['sync_wait_fraction']):.0f}% "
-        f"-> {run_dir}"
-    )
+    parts = [f"{summary['label']}: {summary['wall_time_s']:.1f} s"]
+    if summary["samples_per_s"] is not None:
+        parts.append(f"{summary['samples_per_s']:.0f} samples/s")
+    else:
+        parts.append(f"{summary['iterations_per_s']:.1f} iterations/s")
+    if summary["target_loss"] is not None:
+        ttt = summary["time_to_target_s"]
+        reached = f"in {ttt:.1f} s" if ttt is not None else "not reached"
+        parts.append(f"target loss {summary['target_loss']} {reached}")
+    if summary["final_loss"] is not None:
+        parts.append(f"final loss {summary['final_loss']:.4f}")
+    parts.append(f"sync wait {100 * float(summary['sync_wait_fraction']):.0f}%")
+    print(", ".join(parts) + f" -> {run_dir}")
 
 
 if __name__ == "__main__":

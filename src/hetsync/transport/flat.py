@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
-__all__ = ["flatten_with_vote", "ring_allreduce_bytes", "unflatten_into"]
+__all__ = ["broadcast_model", "flatten_with_vote", "ring_allreduce_bytes", "unflatten_into"]
 
 
 def flatten_with_vote(tensors: Sequence[torch.Tensor], vote: bool) -> torch.Tensor:
@@ -33,3 +35,14 @@ def ring_allreduce_bytes(buffer: torch.Tensor, world_size: int) -> int:
     if world_size <= 1:
         return 0
     return int(2 * (world_size - 1) * buffer.numel() * buffer.element_size() / world_size)
+
+
+def broadcast_model(model: nn.Module, src: int = 0) -> None:
+    """Give every worker `src`'s floating-point parameters and buffers (one broadcast)."""
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    if not tensors:
+        return
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        dist.broadcast(flat, src)
+        unflatten_into(flat, tensors)

@@ -137,7 +137,7 @@ register_workload(
         batch_size=32,
         lr=0.02,
         momentum=0.9,
-        target_loss=0.5,
+        target_loss=0.4,
     )
 )
 register_workload(
@@ -165,7 +165,7 @@ register_workload(
         batch_size=32,
         lr=0.05,
         momentum=0.9,
-        target_loss=0.5,
+        target_loss=0.4,
     )
 )
 register_workload(
