@@ -35,7 +35,7 @@ _RUN_HELP = {
     "data_dir": "folder with the dataset's IDX files (default: Debian's install location)",
     "label": "name of the run in plots and tables (default: the protocol)",
     "eval_every": "seconds between evaluated model snapshots",
-    "eval_samples": "held-out samples used by the periodic evaluations",
+    "eval_samples": "held-out samples used to evaluate each worker's own model",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
     "backend": "auto (NCCL with CUDA, else gloo), gloo or nccl",
 }

@@ -49,7 +49,7 @@ class RunConfig:
     eval_every: float = 2.0
     """Seconds between model snapshots evaluated off the critical path."""
     eval_samples: int = 2000
-    """Held-out samples used for the periodic evaluations (the final one uses all)."""
+    """Held-out samples used to evaluate each worker's own model (consensus models: all)."""
     hang_timeout: float = 20.0
     """A worker without progress this long is reported as hung."""
     backend: str = "auto"

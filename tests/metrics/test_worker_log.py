@@ -21,8 +21,10 @@ def test_iteration_log_writes_every_row(tmp_path):
 def test_snapshotter_fills_every_index_it_slept_through(tmp_path):
     model = nn.Linear(3, 1)
     snaps = Snapshotter(tmp_path, rank=0, every=1.0)
-    snaps.maybe_snapshot(model, elapsed=0.5, iteration=1)  # nothing due yet
-    assert not (tmp_path / "snapshots").exists()
+    snaps.maybe_snapshot(model, elapsed=0.5, iteration=1)  # index 0: right after iteration 1
+    assert torch.load(snapshot_path(tmp_path, 0, 0))["iteration"] == 1
+    snaps.maybe_snapshot(model, elapsed=0.7, iteration=2)  # nothing due
+    assert not snapshot_path(tmp_path, 1, 0).exists()
     snaps.maybe_snapshot(model, elapsed=3.2, iteration=9)  # blocked across 1, 2 and 3
     for index in (1, 2, 3):
         saved = torch.load(snapshot_path(tmp_path, index, 0))

@@ -104,8 +104,7 @@ class Evaluator:
         states = [item["state"] for item in loaded]
         iterations = [int(item["iteration"]) for item in loaded]
         t = max(float(item.get("t", 0.0)) for item in loaded)
-        indices = None if full else self.subset
-        loss, accuracy = self._measure(average_states(states), indices)
+        loss, accuracy = self._measure(average_states(states), None)  # the whole split
         name = "final" if index == "final" else "consensus"
         row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations}
         self._write(row)
@@ -115,7 +114,7 @@ class Evaluator:
                 self.on_consensus(t, loss)
         if self.per_worker and not full and self._sets_evaluated % WORKER_EVAL_PERIOD == 0:
             for rank, state in enumerate(states):
-                w_loss, w_acc = self._measure(state, indices)
+                w_loss, w_acc = self._measure(state, self.subset)
                 self._write({**row, "model": f"rank{rank}", "loss": w_loss, "accuracy": w_acc})
         self._sets_evaluated += 1
         return row

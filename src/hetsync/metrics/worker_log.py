@@ -58,7 +58,7 @@ class Snapshotter:
 
     def __init__(self, run_dir: Path, rank: int, every: float) -> None:
         self.run_dir, self.rank, self.every = run_dir, rank, every
-        self._next_index = 1
+        self._next_index = 0  # index 0: the model right after the first iteration
 
     def maybe_snapshot(self, model: nn.Module, elapsed: float, iteration: int) -> None:
         due = int(elapsed // self.every)

@@ -149,9 +149,9 @@ register_workload(
         loss=_hinge_loss,
         correct=_sign_correct,
         batch_size=64,
-        lr=0.01,
+        lr=0.003,
         momentum=0.9,
-        target_loss=0.2,
+        target_loss=0.13,
     )
 )
 register_workload(
