@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hetsync.api import SyncOptimizer, prepare
-from hetsync.errors import ConfigError, HetsyncError, SyncTimeout, WorkerFailed
+from hetsync.errors import ConfigError, HetsyncError, WorkerFailed
 from hetsync.protocols import Protocol, Step, available_protocols, register_protocol
 from hetsync.transport.runtime import Runtime, init, shutdown
 
@@ -14,7 +14,6 @@ __all__ = [
     "Runtime",
     "Step",
     "SyncOptimizer",
-    "SyncTimeout",
     "WorkerFailed",
     "available_protocols",
     "init",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "HetsyncError", "WorkerFailed", "SyncTimeout"]
+__all__ = ["ConfigError", "HetsyncError", "WorkerFailed"]
 
 
 class HetsyncError(Exception):
@@ -23,6 +23,3 @@ class WorkerFailed(HetsyncError, RuntimeError):
         text = f"worker rank {rank} {reason}"
         super().__init__(f"{text}\n{details}".rstrip())
 
-
-class SyncTimeout(HetsyncError, TimeoutError):
-    """A synchronisation wait ran out of time; the message says whom it waited for."""

@@ -22,8 +22,8 @@ from hetsync.errors import WorkerFailed
 
 __all__ = ["Monitor", "Progress"]
 
-#: Workers get this long to start (import torch, load data, join the group) before a missing
-#: heartbeat counts as a hang.
+#: Once one worker has sent a heartbeat, the others get this long from the launch (import
+#: torch, load data, join the group) before their missing heartbeat counts as a hang.
 STARTUP_ALLOWANCE_S = 90.0
 _SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
@@ -81,6 +81,8 @@ class Monitor:
 
     def _check_hang(self, codes: list[int | None]) -> None:
         self._read_beats()
+        if not self._beats:
+            return  # a script that does not use hetsync's loop: gloo's own timeouts apply
         now = time.monotonic()
         live = [r for r, c in enumerate(codes) if c is None]
         stalled = []

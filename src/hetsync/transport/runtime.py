@@ -79,8 +79,9 @@ def current_runtime() -> Runtime:
 def init(**defaults: object) -> Runtime:
     """Join the run: set up the process group and read the run's settings.
 
-    Keyword arguments are defaults for the run's options (for example `protocol="ddp"`); the
-    launcher's options (or `HETSYNC_CONFIG=FILE.toml` under torchrun) override them.
+    Keyword arguments give the run's options (for example `protocol="ddp"`) when no launcher
+    gives them: under `hetsync launch` the launcher's options (all of them, defaults included)
+    apply instead; under torchrun, `HETSYNC_CONFIG=FILE.toml` overrides them key by key.
     """
     global _RUNTIME
     if _RUNTIME is not None:
@@ -160,7 +161,7 @@ def _install_failure_reporting(runtime: Runtime) -> None:
     if log is None:
         return
     log.parent.mkdir(parents=True, exist_ok=True)
-    stack_file = open(log.with_suffix(".stack"), "w")  # noqa: SIM115 - lives as long as the process
+    stack_file = open(log.with_suffix(".stack"), "w")  # kept open: faulthandler writes to it
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
 
     def write_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
