@@ -40,8 +40,8 @@ def unique_slugs(runs: list[Run]) -> list[str]:
 
 
 def consensus_rows(run: Run) -> list[dict]:
-    """The consensus-model evaluations, in time order."""
-    rows = [row for row in run.eval_rows if row.get("model") == "consensus"]
+    """The consensus-model evaluations (the final one included), in time order."""
+    rows = [row for row in run.eval_rows if row.get("model") in ("consensus", "final")]
     return sorted(rows, key=lambda row: row["t"])
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetsync.metrics.summary import read_jsonl
+
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
 
 
@@ -28,21 +30,6 @@ class Run:
     def label(self) -> str:
         """The short name used in plots and tables."""
         return self.summary.get("label") or self.summary["protocol"]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Read JSON lines, skipping lines that do not parse (e.g. a half-written last line)."""
-    if not path.is_file():
-        return []
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
 
 
 def _read_workers(folder: Path) -> dict[int, list[dict[str, Any]]]:
