@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,17 +47,35 @@ class Monitor:
     started: float = field(default_factory=time.monotonic)
     _beats: dict[int, str] = field(default_factory=dict)
     _changed: dict[int, float] = field(default_factory=dict)
+    _warned: set[int] = field(default_factory=set)
 
     def check(self) -> bool:
         """True once every worker exited cleanly; raise WorkerFailed on a failure or hang."""
-        codes = [p.poll() for p in self.procs]
+        codes = [self._exit_code(rank) for rank in range(len(self.procs))]
         if any(c not in (None, 0) for c in codes):
             time.sleep(0.5)  # let the failure's echo reach the other workers' exit codes
-            raise self._failure([p.poll() for p in self.procs])
+            raise self._failure([self._exit_code(r) for r in range(len(self.procs))])
         if all(c == 0 for c in codes):
             return True
         self._check_hang(codes)
         return False
+
+    def _exit_code(self, rank: int) -> int | None:
+        """The worker's exit code, with an abort after its final heartbeat counted as clean.
+
+        A few C++ destructors (gloo, TCPStore) can abort the interpreter's exit after the
+        worker has finished and written everything; that is not a failed run.
+        """
+        code = self.procs[rank].poll()
+        if code == -signal.SIGABRT:
+            self._read_beats()
+            if self._beats.get(rank, "").split()[1:2] == ["done"]:
+                if rank not in self._warned:
+                    self._warned.add(rank)
+                    print(f"hetsync: warning: worker rank {rank} aborted while exiting, after "
+                          "it had finished; its results are complete", file=sys.stderr)
+                return 0
+        return code
 
     def progress(self) -> Progress:
         """Heartbeats read so far (call `check()` first to refresh them)."""
@@ -138,6 +157,10 @@ class Monitor:
         _, _, rank, code, text = min(candidates)
         if code is not None and code < 0:
             name = signal.Signals(-code).name
+            stack_file = self.log_dir / f"rank{rank}.stack"
+            stack = stack_file.read_text() if stack_file.is_file() else ""
+            if stack:
+                return WorkerFailed(rank, f"was killed by signal {name}", f"its stack:\n{stack}")
             return WorkerFailed(rank, f"was killed by signal {name} (no traceback)")
         details = f"its traceback:\n{text}" if text else "(no traceback was written)"
         return WorkerFailed(rank, f"failed with exit code {code}", details)

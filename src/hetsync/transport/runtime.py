@@ -8,6 +8,7 @@ per local rank), gloo otherwise.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import faulthandler
 import os
@@ -122,12 +123,17 @@ def init(**defaults: object) -> Runtime:
         run_dir=run_dir, launched=launched,
     )
     _install_failure_reporting(_RUNTIME)
+    atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)
     return _RUNTIME
 
 
 def shutdown() -> None:
     """Leave the run: destroy the process group (idempotent)."""
     global _RUNTIME
+    if _RUNTIME is not None:
+        # Free the TCPStore client now: one destroyed during interpreter finalization (the
+        # user's SyncOptimizer still holding it) aborts the process now and then.
+        _RUNTIME.store = dist.HashStore()
     if dist.is_initialized():
         dist.destroy_process_group()
     _RUNTIME = None
@@ -163,6 +169,7 @@ def _install_failure_reporting(runtime: Runtime) -> None:
     log.parent.mkdir(parents=True, exist_ok=True)
     stack_file = open(log.with_suffix(".stack"), "w")  # kept open: faulthandler writes to it
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    faulthandler.enable(file=stack_file, all_threads=True)  # SIGSEGV, SIGABRT, ...
 
     def write_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
         log.write_text("".join(traceback.format_exception(kind, value, tb)))  # type: ignore[arg-type]
