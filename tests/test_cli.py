@@ -20,7 +20,7 @@ from hetsync.cli import main
         (["--step-time", "-1"], "--step-time must not be negative"),
         (["--max-iterations", "0"], "--max-iterations must be >= 1"),
         (["--data-dir", "/no/such/dir"], "--data-dir /no/such/dir is not a directory"),
-        (["--backend", "mpi"], "--backend must be auto, gloo or nccl"),
+        (["--backend", "mpi"], "--backend must be auto or gloo or nccl"),
     ],
 )
 def test_bad_train_options(args, fragment, capsys, tmp_path):

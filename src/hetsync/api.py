@@ -63,7 +63,8 @@ class SyncOptimizer:
         if self.runtime.world_size > 1:
             broadcast_model(model)  # every worker starts from rank 0's model
         self.optimizer = optimizer
-        self.protocol: Protocol = get_protocol(protocol or config.protocol)(self.runtime, model)
+        protocol_class = get_protocol(protocol or config.protocol)
+        self.protocol: Protocol = protocol_class(self.runtime, model, optimizer)
         self.model = self.protocol.wrap_model()
         self._raw_model = model
         self._slowdown = config.slowdown_spec()
@@ -110,7 +111,8 @@ class SyncOptimizer:
         """Synchronise and apply one optimizer step; returns this iteration's record."""
         step = self._step
         self.protocol.before_optimizer_step(step)
-        self.optimizer.step()
+        if not step.skip_optimizer_step:
+            self.optimizer.step()
         self.protocol.after_optimizer_step(step)
         self.iteration = step.iteration
         self.should_stop = step.stop
@@ -211,6 +213,7 @@ class SyncOptimizer:
                     "injected_delay_s": round(step.injected_delay_s, 6),
                     "sync_wait_s": round(step.sync_wait_s, 6),
                     "bytes_sent": step.bytes_sent,
+                    **step.extra,
                 }
             )
         if self._snapshots is not None:

@@ -38,6 +38,11 @@ _RUN_HELP = {
     "eval_samples": "held-out samples used to evaluate each worker's own model",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
     "backend": "auto (NCCL with CUDA, else gloo), gloo or nccl",
+    "topology": "graph of decentralized protocols: ring, directed-ring, torus, exponential, "
+    "one-peer-exponential, complete, bipartite-exponential, edges:FILE",
+    "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
+    "ps_mode": "parameter server: sync or async",
+    "adpsgd_mode": "AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; for comparison)",
 }
 _TYPES = {"out": Path, "data_dir": Path}
 

@@ -23,6 +23,13 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = ["RunConfig", "load_toml"]
 
+_CHOICES = {
+    "ps_mode": ("sync", "async"),
+    "weights": ("uniform", "metropolis"),
+    "adpsgd_mode": ("bipartite", "naive"),
+    "backend": ("auto", "gloo", "nccl"),
+}
+
 
 @dataclass
 class RunConfig:
@@ -39,6 +46,14 @@ class RunConfig:
     target_loss: float | None = None
     """None: the workload's default target, used to measure time to target."""
     stop_at_target: bool = True
+    topology: str = "ring"
+    """Communication graph of the decentralized protocols (see hetsync.topology)."""
+    weights: str = "uniform"
+    """Mixing weights: uniform or metropolis."""
+    ps_mode: str = "sync"
+    """Parameter server: sync (wait for every worker) or async (apply each gradient)."""
+    adpsgd_mode: str = "bipartite"
+    """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
     seed: int = 0
     batch_size: int | None = None
     lr: float | None = None
@@ -85,8 +100,11 @@ class RunConfig:
             raise ConfigError("--max-time must be > 0 seconds")
         if self.eval_every == 0 or self.hang_timeout == 0:
             raise ConfigError("--eval-every and --hang-timeout must be > 0 seconds")
-        if self.backend not in ("auto", "gloo", "nccl"):
-            raise ConfigError(f"--backend must be auto, gloo or nccl (got {self.backend!r})")
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
         self.slowdown_spec().check_ranks(self.workers)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")

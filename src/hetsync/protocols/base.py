@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+import torch
 from torch import nn
 
 if TYPE_CHECKING:
@@ -42,6 +43,10 @@ class Step:
     injected_delay_s: float = 0.0
     sync_wait_s: float = 0.0
     bytes_sent: int = 0
+    skip_optimizer_step: bool = False
+    """Set by protocols whose update is applied elsewhere (the parameter server's)."""
+    extra: dict[str, float] = field(default_factory=dict)
+    """Protocol-specific figures logged with the row (e.g. a parameter server's staleness)."""
     on_begin_sync: Callable[[Step], None] | None = None
     on_phase: Callable[[str], None] | None = None
     _synced: bool = False
@@ -74,9 +79,12 @@ class Protocol:
     #: True if every worker must stop at the same iteration (collectives would hang otherwise).
     stops_together: ClassVar[bool] = True
 
-    def __init__(self, runtime: Runtime, model: nn.Module) -> None:
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
         self.runtime = runtime
         self.model = model
+        self.optimizer = optimizer
 
     def begin_iteration(self, step: Step) -> None:
         """Called before the forward pass of `step` (for hooks that fire inside backward())."""

@@ -26,8 +26,10 @@ from hetsync.transport.runtime import Runtime
 class DDP(Protocol):
     """`torch.nn.parallel.DistributedDataParallel` with hetsync's measuring hook."""
 
-    def __init__(self, runtime: Runtime, model: nn.Module) -> None:
-        super().__init__(runtime, model)
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
         device_ids = [runtime.device] if runtime.device.type == "cuda" else None
         self.ddp = DistributedDataParallel(model, device_ids=device_ids)
         self.ddp.register_comm_hook(None, self._hook)
