@@ -83,7 +83,7 @@ class RunConfig:
         from hetsync.protocols import get_protocol
         from hetsync.workloads import get_workload
 
-        get_protocol(self.protocol)
+        protocol = get_protocol(self.protocol)
         if not self.script:
             get_workload(self.workload)
         if self.workers < 1:
@@ -106,6 +106,7 @@ class RunConfig:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
         self.slowdown_spec().check_ranks(self.workers)
+        protocol.check_config(self)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
         if self.script and not Path(self.script[0]).is_file():

@@ -21,9 +21,16 @@ from torch import nn
 from hetsync.metrics.worker_log import snapshot_path
 from hetsync.workloads import Workload
 
-__all__ = ["Evaluator", "average_states"]
+__all__ = ["Evaluator", "average_states", "consensus_distance"]
 
 WORKER_EVAL_PERIOD = 5
+
+
+def consensus_distance(states: list[dict[str, torch.Tensor]]) -> float:
+    """Mean over workers of the squared distance of their models to the average model."""
+    keys = [k for k, v in states[0].items() if v.is_floating_point()]
+    flat = torch.stack([torch.cat([s[k].double().reshape(-1) for k in keys]) for s in states])
+    return float(((flat - flat.mean(0)) ** 2).sum(1).mean())
 
 
 def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -106,7 +113,8 @@ class Evaluator:
         t = max(float(item.get("t", 0.0)) for item in loaded)
         loss, accuracy = self._measure(average_states(states), None)  # the whole split
         name = "final" if index == "final" else "consensus"
-        row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations}
+        row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations,
+               "consensus_distance": consensus_distance(states)}
         self._write(row)
         if name == "consensus":
             self.latest_loss = loss

@@ -16,7 +16,11 @@ from hetsync.protocols.base import Protocol, Step
 __all__ = ["Protocol", "Step", "available_protocols", "get_protocol", "register_protocol"]
 
 #: Modules that define the built-in protocols (imported on first lookup).
-BUILTIN_MODULES = ("hetsync.protocols.allreduce", "hetsync.protocols.ddp")
+BUILTIN_MODULES = (
+    "hetsync.protocols.allreduce",
+    "hetsync.protocols.ddp",
+    "hetsync.protocols.dpsgd",
+)
 
 _REGISTRY: dict[str, type[Protocol]] = {}
 

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from hetsync.config import RunConfig
     from hetsync.transport.runtime import Runtime
 
 __all__ = ["Protocol", "Step"]
@@ -85,6 +86,10 @@ class Protocol:
         self.runtime = runtime
         self.model = model
         self.optimizer = optimizer
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        """Raise ConfigError if the run's options do not suit this protocol (before spawning)."""
 
     def begin_iteration(self, step: Step) -> None:
         """Called before the forward pass of `step` (for hooks that fire inside backward())."""

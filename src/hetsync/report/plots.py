@@ -100,21 +100,40 @@ def _log_y(ax: Axes, span: float) -> None:
         ax.yaxis.set_minor_formatter(NullFormatter())
 
 
-def plot_accuracy(runs: list[Run], out: Path) -> list[Path]:
-    """Consensus test accuracy vs time."""
-    curves = [(i, run, consensus_rows(run)) for i, run in enumerate(runs)]
-    curves = [(i, run, rows) for i, run, rows in curves
-              if any(row.get("accuracy") is not None for row in rows)]
+def _plot_consensus_metric(
+    runs: list[Run], out: Path, key: str, name: str, title: str, ylabel: str,
+    scale: float = 1.0, log: bool = False,
+) -> list[Path]:
+    """One line per run of a consensus-row metric vs time; nothing if no run has it."""
+    curves = [(i, run, [r for r in consensus_rows(run) if r.get(key) is not None])
+              for i, run in enumerate(runs)]
+    curves = [(i, run, rows) for i, run, rows in curves if rows]
     if not curves:
         return []
-    path = out / "accuracy_vs_time.png"
-    with _figure(path, "Consensus test accuracy vs wall-clock time",
-                 "test accuracy (%)") as ax:
+    path = out / name
+    with _figure(path, title, ylabel) as ax:
         for i, run, rows in curves:
-            rows = [row for row in rows if row.get("accuracy") is not None]
-            ax.plot([row["t"] for row in rows], [100 * row["accuracy"] for row in rows],
+            ax.plot([row["t"] for row in rows], [scale * row[key] for row in rows],
                     marker="o", markersize=3, color=f"C{i}", label=run.label)
+        if log:
+            ax.set_yscale("symlog", linthresh=1e-6)
     return [path]
+
+
+def plot_accuracy(runs: list[Run], out: Path) -> list[Path]:
+    """Consensus test accuracy vs time."""
+    return _plot_consensus_metric(runs, out, "accuracy", "accuracy_vs_time.png",
+                                  "Consensus test accuracy vs wall-clock time",
+                                  "test accuracy (%)", scale=100.0)
+
+
+def plot_consensus_distance(runs: list[Run], out: Path) -> list[Path]:
+    """How far the workers' models are from their average, vs time (decentralized runs)."""
+    return _plot_consensus_metric(
+        runs, out, "consensus_distance", "consensus_distance_vs_time.png",
+        "Consensus distance vs wall-clock time", "mean squared distance to the average model",
+        log=True,
+    )
 
 
 def iteration_grid(run: Run) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +202,7 @@ def write_plots(runs: list[Run], out: Path) -> list[Path]:
     return [
         *plot_loss(runs, out),
         *plot_accuracy(runs, out),
+        *plot_consensus_distance(runs, out),
         *plot_iterations(runs, out),
         *plot_iterations_per_worker(runs, out),
     ]

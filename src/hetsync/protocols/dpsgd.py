@@ -1,0 +1,107 @@
+"""D-PSGD (Lian et al., NeurIPS 2017): synchronous decentralized SGD over a fixed graph.
+
+Per iteration k each worker computes its gradient on x_k, exchanges x_k with its neighbours,
+takes the weighted neighbourhood average and applies the gradient to it:
+
+    x_{k+1} = sum_j W_ij x_{k,j} - lr * g(x_k)
+
+(with momentum: the optimizer's own update). Both the gradient and the exchange read x_k, so
+the exchange is posted when the iteration starts and runs during forward and backward; it is
+waited for only after the emulated compute. W must be doubly stochastic (`--weights
+metropolis` makes it so on irregular undirected graphs). The stop iteration is agreed by
+flooding it in the messages (hetsync.cores.stop_agreement).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import networkx as nx
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.config import RunConfig
+from hetsync.cores.stop_agreement import StopAgreement
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.topology import Topology, build
+from hetsync.transport.flat import unflatten_into
+from hetsync.transport.runtime import Runtime
+
+_TAG = 11
+
+
+def flood_hops(topology: Topology) -> int:
+    """Iterations a message needs to reach every worker: the diameter, or a bound over time."""
+    if topology.world <= 1:
+        return 0
+    if topology.dynamic:
+        return topology.period * (topology.world - 1)
+    return int(nx.diameter(topology.graph))
+
+
+def model_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors decentralized protocols average: parameters and floating buffers."""
+    return [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+
+
+@register_protocol("dpsgd")
+class DPSGD(Protocol):
+    """Synchronous decentralized SGD with neighbour model averaging."""
+
+    stops_together: ClassVar[bool] = True
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        build(config.topology, config.workers, config.weights).require_doubly_stochastic()
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config = runtime.config
+        self.topology = build(config.topology, runtime.world_size, config.weights)
+        self.tensors = model_tensors(model)
+        self.agreement = StopAgreement(flood_hops(self.topology), config.max_iterations)
+        self._exchange: tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work]] | None = None
+
+    def begin_iteration(self, step: Step) -> None:
+        """Post the exchange of x_k; it runs while the gradient is computed."""
+        rank, k = self.runtime.rank, step.iteration
+        stop_at = self.agreement.stop_at
+        with torch.no_grad():
+            send = torch.cat([t.detach().reshape(-1) for t in self.tensors]
+                             + [torch.tensor([stop_at if math.isfinite(stop_at) else -1.0])])
+        received = {j: torch.empty_like(send) for j in self.topology.in_peers(rank, k)}
+        ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in self.topology.out_peers(rank, k)]
+        ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        sends = len(ops) - len(received)
+        step.bytes_sent += send.numel() * send.element_size() * sends
+        self._exchange = (send, received, works)
+
+    def before_optimizer_step(self, step: Step) -> None:
+        step.begin_sync()
+        if step.wants_stop:
+            self.agreement.vote(step.iteration)
+        if self._exchange is None:
+            raise RuntimeError("dpsgd: before_optimizer_step without begin_iteration")
+        send, received, works = self._exchange
+        with step.blocking():
+            for work in works:
+                work.wait()
+        self_weight, weights = self.topology.recv_weights(self.runtime.rank, step.iteration)
+        average = send[:-1] * self_weight
+        for j, buf in received.items():
+            average.add_(buf[:-1], alpha=weights[j])
+            if buf[-1] >= 0:
+                self.agreement.merge(float(buf[-1]))
+        with torch.no_grad():
+            unflatten_into(average, self.tensors)
+        step.stop = self.agreement.should_stop(step.iteration)
+        self._exchange = None
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the gradient lands on the averaged model."""
