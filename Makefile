@@ -33,6 +33,7 @@ lint: setup
 
 bench: setup
 	$(PY) bench/allreduce_vs_ddp.py
+	$(PY) bench/baselines.py
 
 clean:
 	rm -rf runs .pytest_cache

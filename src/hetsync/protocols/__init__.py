@@ -20,6 +20,8 @@ BUILTIN_MODULES = (
     "hetsync.protocols.allreduce",
     "hetsync.protocols.ddp",
     "hetsync.protocols.dpsgd",
+    "hetsync.protocols.adpsgd",
+    "hetsync.protocols.ps",
 )
 
 _REGISTRY: dict[str, type[Protocol]] = {}

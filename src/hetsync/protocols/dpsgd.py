@@ -31,6 +31,7 @@ from hetsync.transport.flat import unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
+_Exchange = tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work]]
 
 
 def flood_hops(topology: Topology) -> int:
@@ -65,10 +66,15 @@ class DPSGD(Protocol):
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
         self.agreement = StopAgreement(flood_hops(self.topology), config.max_iterations)
-        self._exchange: tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work]] | None = None
+        self._exchange: _Exchange | None = None
 
     def begin_iteration(self, step: Step) -> None:
-        """Post the exchange of x_k; it runs while the gradient is computed."""
+        """Post the exchange of x_k; it runs while the gradient is computed. The first one is
+        posted when needed: a model loaded after building the optimizer must be the one sent."""
+        if step.iteration > 1:
+            self._post(step)
+
+    def _post(self, step: Step) -> _Exchange:
         rank, k = self.runtime.rank, step.iteration
         stop_at = self.agreement.stop_at
         with torch.no_grad():
@@ -81,14 +87,13 @@ class DPSGD(Protocol):
         sends = len(ops) - len(received)
         step.bytes_sent += send.numel() * send.element_size() * sends
         self._exchange = (send, received, works)
+        return self._exchange
 
     def before_optimizer_step(self, step: Step) -> None:
+        send, received, works = self._exchange or self._post(step)
         step.begin_sync()
         if step.wants_stop:
             self.agreement.vote(step.iteration)
-        if self._exchange is None:
-            raise RuntimeError("dpsgd: before_optimizer_step without begin_iteration")
-        send, received, works = self._exchange
         with step.blocking():
             for work in works:
                 work.wait()

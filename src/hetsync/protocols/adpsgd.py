@@ -1,0 +1,183 @@
+"""AD-PSGD (Lian et al., ICML 2018): asynchronous decentralized SGD by atomic pairwise averaging.
+
+Theory of operation. Workers are split into *active* (odd ranks) and *passive* (even ranks) on
+a bipartite graph (every edge joins an odd and an even rank: `--topology ring` with an even
+number of workers, or `bipartite-exponential`). Each iteration an active worker picks a random
+passive neighbour j, sends it x_i and receives the average; j, in a receiver thread that
+serves one request at a time, sets x_j <- (x_i + x_j) / 2 under its model lock and replies
+with it; the active worker sets x_i to the same average, then applies its gradient (computed
+on x_i before averaging, as the algorithm prescribes). The request is posted when the
+iteration starts, so averaging runs while the gradient is computed.
+
+Why no deadlock: only active workers wait for someone, and only for a passive worker's
+receiver thread; a passive receiver never waits for anyone while it serves (it only takes its
+own model lock, which its trainer holds for the length of one optimizer step). The wait-for
+graph therefore has edges only from active to passive workers and can have no cycle.
+
+`--adpsgd-mode naive` drops the split to show why it is needed: every worker is active and
+passive on any graph, so to make its own averaging atomic an active worker must hold its own
+model lock until its partner's reply arrives; its receiver thread then cannot serve, and two
+workers that pick each other (or any cycle of them) wait forever. The launcher reports that
+as a deadlock. Workers stop independently; a passive receiver exits once every active
+neighbour has said goodbye.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.dpsgd import model_tensors
+from hetsync.topology import Topology, build
+from hetsync.transport.runtime import Runtime
+
+_REQUEST_TAG, _REPLY_TAG = 31, 32
+_AVERAGE, _BYE = 1.0, 0.0
+
+
+def _bipartite_violation(topology: Topology) -> tuple[int, int] | None:
+    return next(((i, j) for i, j in topology.graph.edges if i % 2 == j % 2), None)
+
+
+@register_protocol("adpsgd")
+class ADPSGD(Protocol):
+    """Asynchronous decentralized SGD with atomic pairwise averaging."""
+
+    stops_together: ClassVar[bool] = False
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        if config.backend == "nccl":
+            raise ConfigError("adpsgd needs gloo: its passive workers receive from any source")
+        topology = build(config.topology, config.workers, config.weights)
+        edge = _bipartite_violation(topology)
+        if config.adpsgd_mode == "bipartite" and config.workers > 1 and edge is not None:
+            raise ConfigError(
+                f"adpsgd needs a bipartite graph (edges only between even and odd ranks); "
+                f"--topology {config.topology} with {config.workers} workers has edge "
+                f"{edge[0]}-{edge[1]} (use an even number of workers with ring or "
+                "bipartite-exponential)"
+            )
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config, rank = runtime.config, runtime.rank
+        self.topology = build(config.topology, runtime.world_size, config.weights)
+        self.tensors = model_tensors(model)
+        naive = config.adpsgd_mode == "naive"
+        self.active = naive or rank % 2 == 1
+        self.passive = naive or rank % 2 == 0
+        neighbours = sorted(set(self.topology.in_peers(rank)) | set(self.topology.out_peers(rank)))
+        self.partners = [j for j in neighbours if naive or j % 2 == 0]
+        self.clients = [j for j in neighbours if naive or j % 2 == 1]
+        self.lock = threading.Lock()
+        self.rng = random.Random(f"adpsgd/{config.seed}/{rank}")
+        self._naive = naive
+        self._pending: tuple[int, torch.Tensor, list[dist.Work]] | None = None
+        self._server: threading.Thread | None = None
+        self._server_error: BaseException | None = None
+        if self.passive and self.clients:
+            self._server = threading.Thread(target=self._serve, name="adpsgd-passive", daemon=True)
+            self._server.start()
+
+    # --- the active side, on the training thread ---------------------------------------------
+    def begin_iteration(self, step: Step) -> None:
+        """Post this iteration's averaging request; it runs while the gradient is computed.
+        The first is posted when needed, so a model loaded after building the optimizer is
+        the one averaged."""
+        if step.iteration > 1:
+            self._request(step)
+
+    def _request(self, step: Step) -> None:
+        if not (self.active and self.partners):
+            return
+        partner = self.rng.choice(self.partners)
+        if self._naive:
+            self.lock.acquire()  # held until the reply: what makes the naive version deadlock
+        message = self._message(_AVERAGE)
+        reply = torch.empty_like(message)
+        works = [dist.isend(message, partner, tag=_REQUEST_TAG),
+                 dist.irecv(reply, partner, tag=_REPLY_TAG)]
+        step.bytes_sent += message.numel() * message.element_size()
+        step.extra["partner"] = partner
+        self._pending = (partner, reply, works)
+
+    def before_optimizer_step(self, step: Step) -> None:
+        if self._pending is None:
+            self._request(step)
+        step.begin_sync()
+        self._raise_server_error()
+        if self._pending is not None:
+            _, reply, works = self._pending
+            with step.blocking():
+                for work in works:
+                    work.wait()
+            self._load(reply)
+            self._pending = None
+            if self._naive:
+                self.lock.release()
+        if self.passive:
+            self.lock.acquire()  # the optimizer step must not interleave with a served average
+
+    def after_optimizer_step(self, step: Step) -> None:
+        if self.passive:
+            self.lock.release()
+        step.stop = step.wants_stop
+
+    def close(self) -> None:
+        """Say goodbye to every partner, then wait until every client has said goodbye."""
+        if self.active:
+            for partner in self.partners:
+                dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG)
+        if self._server is not None:
+            self._server.join()
+        self._raise_server_error()
+
+    # --- the passive side, on the receiver thread -----------------------------------------------
+    def _serve(self) -> None:
+        try:
+            buffer = self._message(_BYE)
+            remaining = len(self.clients)
+            while remaining:
+                source = dist.recv(buffer, src=None, tag=_REQUEST_TAG)
+                if buffer[-1] == _BYE:
+                    remaining -= 1
+                    continue
+                with self.lock:
+                    average = (self._flat() + buffer[:-1]) / 2
+                    self._load(average)
+                reply = torch.cat([average, torch.tensor([_AVERAGE])])
+                dist.send(reply, source, tag=_REPLY_TAG)
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            self._server_error = error
+
+    def _raise_server_error(self) -> None:
+        if self._server_error is not None:
+            raise RuntimeError(f"adpsgd receiver thread failed: {self._server_error!r}")
+
+    # --- flat model helpers ---------------------------------------------------------------------
+    def _flat(self) -> torch.Tensor:
+        return torch.cat([t.detach().reshape(-1) for t in self.tensors])
+
+    def _message(self, kind: float) -> torch.Tensor:
+        return torch.cat([self._flat(), torch.tensor([kind])])
+
+    def _load(self, flat: torch.Tensor) -> None:
+        """Write a flat model into the tensors through `.data`, so that a backward pass running
+        on the training thread is not invalidated by a version-counter bump."""
+        offset = 0
+        for t in self.tensors:
+            n = t.numel()
+            t.data.copy_(flat[offset : offset + n].view_as(t))
+            offset += n
