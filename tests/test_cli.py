@@ -71,3 +71,36 @@ def test_listings(capsys):
     assert "allreduce" in capsys.readouterr().out
     assert main(["workloads"]) == 0
     assert "Fashion-MNIST" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("edges", "args", "fragment"),
+    [
+        ("0 1\n1 0\n2 3\n3 2\n", [], "cannot be reached"),
+        ("0 1\n1 1\n1 2\n2 3\n3 0\n", [], "self loop on rank 1"),
+        ("0 1\n1 9\n", [], "rank 9 is outside 0..3"),
+        ("0 1\n1 2\n2 3\n3 0\n", ["--weights", "metropolis"], "undirected"),
+    ],
+)
+def test_bad_graphs_are_refused_before_spawning(edges, args, fragment, tmp_path, capsys):
+    graph = tmp_path / "graph.txt"
+    graph.write_text(edges)
+    out = tmp_path / "run"
+    code = main(["train", "--protocol", "dpsgd", "--workers", "4", "--topology",
+                 f"edges:{graph}", "--out", str(out), *args])
+    err = capsys.readouterr().err
+    assert code == 2 and fragment in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_dpsgd_refuses_weights_that_are_not_doubly_stochastic(tmp_path, capsys):
+    star = tmp_path / "star.txt"
+    star.write_text("0 1\n1 0\n0 2\n2 0\n0 3\n3 0\n")
+    assert main(["train", "--protocol", "dpsgd", "--workers", "4",
+                 "--topology", f"edges:{star}"]) == 2
+    assert "doubly stochastic" in capsys.readouterr().err
+
+
+def test_adpsgd_needs_a_bipartite_graph(capsys):
+    assert main(["train", "--protocol", "adpsgd", "--workers", "3"]) == 2
+    assert "adpsgd needs a bipartite graph" in capsys.readouterr().err

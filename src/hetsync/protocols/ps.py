@@ -24,7 +24,10 @@ which it copies into its parameters; its own optimizer step is skipped. Remote w
   stop votes are OR-ed over the round, so every worker stops after the same iteration.
 - `--ps-mode async`: each gradient is applied as it arrives and only its sender gets the new
   model; staleness = server version at apply time - version the gradient was computed on.
-  Workers stop on their own.
+  A gradient is applied scaled by 1/n, its share of the synchronous mean: n workers' pushes
+  then move the model as far as one sync round, so both modes take the same learning rate
+  and momentum (unscaled, 4 async workers with momentum 0.9 diverge on digits). Workers stop
+  on their own.
 
 Shutdown: in `close()` every remote worker sends BYE; the thread exits after one BYE per
 remote rank, and rank 0's `close()` joins it, so no p2p is in flight at SyncOptimizer's final
@@ -62,7 +65,7 @@ class _Server:
         self.param.grad = torch.zeros_like(self.param)
         hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
         self.optimizer = type(optimizer)([self.param], **hyper)
-        self.sync, self.live, self.version = sync, world, 0
+        self.sync, self.world, self.live, self.version = sync, world, world, 0
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
         self.grad_sum = torch.zeros_like(self.param)
@@ -139,7 +142,7 @@ class _Server:
             self.vote = self.vote or bool(msg[2] > 0)
             return self._finish_round()
         staleness = self.version - version
-        self._apply(grad)
+        self._apply(grad / self.world)  # 1/n of a step: a gradient's share of the sync mean
         return self._deliver([src], staleness, stop=False)
 
     def _finish_round(self) -> list[tuple[int, torch.Tensor]]:
