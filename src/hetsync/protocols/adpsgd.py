@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import ClassVar
 
 import torch
 import torch.distributed as dist
@@ -38,6 +37,7 @@ from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.dpsgd import model_tensors
 from hetsync.topology import Topology, build
+from hetsync.transport.flat import flatten, unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32
@@ -52,7 +52,6 @@ def _bipartite_violation(topology: Topology) -> tuple[int, int] | None:
 class ADPSGD(Protocol):
     """Asynchronous decentralized SGD with atomic pairwise averaging."""
 
-    stops_together: ClassVar[bool] = False
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -157,7 +156,7 @@ class ADPSGD(Protocol):
                 with self.lock:
                     average = (self._flat() + buffer[:-1]) / 2
                     self._load(average)
-                reply = torch.cat([average, torch.tensor([_AVERAGE])])
+                reply = flatten([average], _AVERAGE)
                 dist.send(reply, source, tag=_REPLY_TAG)
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self._server_error = error
@@ -168,16 +167,12 @@ class ADPSGD(Protocol):
 
     # --- flat model helpers ---------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:
-        return torch.cat([t.detach().reshape(-1) for t in self.tensors])
+        return flatten(self.tensors)
 
     def _message(self, kind: float) -> torch.Tensor:
-        return torch.cat([self._flat(), torch.tensor([kind])])
+        return flatten(self.tensors, kind)
 
     def _load(self, flat: torch.Tensor) -> None:
-        """Write a flat model into the tensors through `.data`, so that a backward pass running
-        on the training thread is not invalidated by a version-counter bump."""
-        offset = 0
-        for t in self.tensors:
-            n = t.numel()
-            t.data.copy_(flat[offset : offset + n].view_as(t))
-            offset += n
+        """Write a flat model through `.data`, so that a backward pass running on the training
+        thread is not invalidated by a version-counter bump."""
+        unflatten_into(flat, [t.data for t in self.tensors])

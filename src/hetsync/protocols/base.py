@@ -77,8 +77,6 @@ class Protocol:
     """Base of all protocols; subclasses register with `@register_protocol(name)`."""
 
     name: ClassVar[str]
-    #: True if every worker must stop at the same iteration (collectives would hang otherwise).
-    stops_together: ClassVar[bool] = True
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

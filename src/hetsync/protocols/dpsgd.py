@@ -15,7 +15,6 @@ flooding it in the messages (hetsync.cores.stop_agreement).
 from __future__ import annotations
 
 import math
-from typing import ClassVar
 
 import networkx as nx
 import torch
@@ -27,7 +26,7 @@ from hetsync.cores.stop_agreement import StopAgreement
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
-from hetsync.transport.flat import unflatten_into
+from hetsync.transport.flat import flatten, unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
@@ -52,7 +51,6 @@ def model_tensors(model: nn.Module) -> list[torch.Tensor]:
 class DPSGD(Protocol):
     """Synchronous decentralized SGD with neighbour model averaging."""
 
-    stops_together: ClassVar[bool] = True
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
@@ -77,9 +75,7 @@ class DPSGD(Protocol):
     def _post(self, step: Step) -> _Exchange:
         rank, k = self.runtime.rank, step.iteration
         stop_at = self.agreement.stop_at
-        with torch.no_grad():
-            send = torch.cat([t.detach().reshape(-1) for t in self.tensors]
-                             + [torch.tensor([stop_at if math.isfinite(stop_at) else -1.0])])
+        send = flatten(self.tensors, stop_at if math.isfinite(stop_at) else -1.0)
         received = {j: torch.empty_like(send) for j in self.topology.in_peers(rank, k)}
         ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in self.topology.out_peers(rank, k)]
         ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]

@@ -12,13 +12,26 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["broadcast_model", "flatten_with_vote", "ring_allreduce_bytes", "unflatten_into"]
+__all__ = [
+    "broadcast_model",
+    "flatten",
+    "flatten_with_vote",
+    "ring_allreduce_bytes",
+    "unflatten_into",
+]
+
+
+def flatten(tensors: Sequence[torch.Tensor], *extra: float) -> torch.Tensor:
+    """A new 1-D buffer: the tensors' values (detached), then the `extra` scalars (headers,
+    votes) in the tensors' dtype."""
+    first = tensors[0]
+    tail = torch.tensor(extra, dtype=first.dtype, device=first.device)
+    return torch.cat([t.detach().reshape(-1) for t in tensors] + [tail])
 
 
 def flatten_with_vote(tensors: Sequence[torch.Tensor], vote: bool) -> torch.Tensor:
     """Concatenate `tensors` and a trailing 1.0 (stop) or 0.0 (go on) into a new buffer."""
-    flag = torch.tensor([1.0 if vote else 0.0], dtype=tensors[0].dtype, device=tensors[0].device)
-    return torch.cat([t.reshape(-1) for t in tensors] + [flag])
+    return flatten(tensors, 1.0 if vote else 0.0)
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
@@ -43,6 +56,6 @@ def broadcast_model(model: nn.Module, src: int = 0) -> None:
     if not tensors:
         return
     with torch.no_grad():
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        flat = flatten(tensors)
         dist.broadcast(flat, src)
         unflatten_into(flat, tensors)
