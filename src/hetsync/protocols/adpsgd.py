@@ -35,9 +35,8 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
-from hetsync.protocols.dpsgd import model_tensors
 from hetsync.topology import Topology, build
-from hetsync.transport.flat import flatten, unflatten_into
+from hetsync.transport.flat import flatten, model_tensors, unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32

@@ -26,7 +26,7 @@ from hetsync.cores.stop_agreement import StopAgreement
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
-from hetsync.transport.flat import flatten, unflatten_into
+from hetsync.transport.flat import flatten, model_tensors, unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
@@ -40,11 +40,6 @@ def flood_hops(topology: Topology) -> int:
     if topology.dynamic:
         return topology.period * (topology.world - 1)
     return int(nx.diameter(topology.graph))
-
-
-def model_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The tensors decentralized protocols average: parameters and floating buffers."""
-    return [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
 
 
 @register_protocol("dpsgd")

@@ -16,6 +16,7 @@ __all__ = [
     "broadcast_model",
     "flatten",
     "flatten_with_vote",
+    "model_tensors",
     "ring_allreduce_bytes",
     "unflatten_into",
 ]
@@ -50,9 +51,14 @@ def ring_allreduce_bytes(buffer: torch.Tensor, world_size: int) -> int:
     return int(2 * (world_size - 1) * buffer.numel() * buffer.element_size() / world_size)
 
 
+def model_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors that make up a model's state to share: parameters and floating buffers."""
+    return [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+
+
 def broadcast_model(model: nn.Module, src: int = 0) -> None:
     """Give every worker `src`'s floating-point parameters and buffers (one broadcast)."""
-    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+    tensors = model_tensors(model)
     if not tensors:
         return
     with torch.no_grad():
