@@ -15,6 +15,7 @@ from typing import Any
 
 from hetsync.errors import ConfigError
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
+from hetsync.topology import WEIGHTS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -25,7 +26,7 @@ __all__ = ["RunConfig", "load_toml"]
 
 _CHOICES = {
     "ps_mode": ("sync", "async"),
-    "weights": ("uniform", "metropolis"),
+    "weights": WEIGHTS,
     "adpsgd_mode": ("bipartite", "naive"),
     "backend": ("auto", "gloo", "nccl"),
 }
