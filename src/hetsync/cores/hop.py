@@ -1,0 +1,380 @@
+"""Hop's synchronisation decisions for one worker, with no I/O (Luo et al., ASPLOS'19).
+
+Theory of operation. Worker i runs logical iterations k = 1, 2, ... Each iteration it takes one
+*token* from each out-neighbour j (the token queue of edge i->j starts with `max_gap` tokens),
+sends its model tagged k to its out-neighbours, computes its gradient, then collects tagged
+models from its in-neighbours into its *update queue*, averages and returns one token to each
+in-neighbour. So on every edge i->j, Iter(i) - Iter(j) <= max_gap at all times, and a sender
+never has more than max_gap + 1 updates outstanding at a receiver: queues stay bounded
+whatever the collection rule, which is what makes the rules below safe.
+
+Which updates iteration k uses, per in-neighbour j (`staleness` s):
+- the freshest update with tag in [k - s, k];
+- if j has already sent a later tag but none in the window, j skipped iteration k: its
+  earliest later update stands in for it (a receiver waiting on tag t accepts any tag >= t);
+- an update older than k - s is stale: it is dropped when it arrives or falls out of the window.
+The iteration completes once |in(i)| - `backup` in-neighbours are resolved (all of them with
+backup 0); it averages what it has, with the topology's weights renormalised over the models
+used. A neighbour that left the run is no longer waited for.
+
+Iteration skipping (`skip`): before starting its next iteration k, a worker whose in-neighbours
+have already sent tag k' >= k + `skip_threshold` jumps to k' (capped by the tokens it holds),
+merges their newest models, returns the k' - k skipped iterations' tokens at once and sends its
+merged model tagged k'. Its out-neighbours accept the missing tags by the rule above.
+
+`mode="notify-ack"` is the design Hop improves on: one update in flight per edge, released by
+the receiver's acknowledgement once it has consumed it. Here that is a token queue of size 1
+returned on consumption, with no backup, staleness or skipping (which it cannot express).
+
+Driving a core: feed it events with `handle()`; execute the decisions it returns in order. A
+trailing `Wait` means the pending request (start or finish an iteration) is blocked: feed the
+next incoming event. The core names tensors only as (source rank, tag); the driver owns them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+
+__all__ = [
+    "Aggregate",
+    "ComputeFinished",
+    "Decision",
+    "Drop",
+    "Event",
+    "HopConfig",
+    "HopCore",
+    "NeighbourLeft",
+    "ReadyToStart",
+    "ReturnTokens",
+    "SendUpdate",
+    "SkipTo",
+    "StartIteration",
+    "State",
+    "TokensReceived",
+    "UpdateReceived",
+    "Wait",
+]
+
+MODES = ("queues", "notify-ack")
+_frozen = {"frozen": True, "slots": True, "kw_only": True}
+
+
+@dataclass(**_frozen)
+class HopConfig:
+    """Hop's options; see the module doc."""
+
+    max_gap: int = 8
+    backup: int = 0
+    staleness: int = 0
+    skip: bool = False
+    skip_threshold: int = 1
+    mode: str = "queues"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"Arg `mode` must be one of {MODES} (got {self.mode!r})")
+        if self.max_gap < 1 or self.backup < 0 or self.staleness < 0 or self.skip_threshold < 1:
+            raise ValueError(f"Args must be max_gap >= 1, backup >= 0, staleness >= 0, "
+                             f"skip_threshold >= 1 (got {self})")
+        if self.max_gap <= self.staleness:
+            raise ValueError(f"Arg `max_gap` must be > staleness {self.staleness} so that an "
+                             f"update fresh enough can always be sent (got {self.max_gap})")
+        if self.mode == "notify-ack" and (self.backup or self.staleness or self.skip):
+            raise ValueError("notify-ack cannot express backup workers, staleness or skipping")
+
+    @property
+    def tokens(self) -> int:
+        """Tokens each edge starts with: the largest gap a sender may run ahead."""
+        return 1 if self.mode == "notify-ack" else self.max_gap
+
+
+# --- events in ---------------------------------------------------------------------------------
+@dataclass(**_frozen)
+class ReadyToStart:
+    """The training loop wants to start its next iteration."""
+
+
+@dataclass(**_frozen)
+class ComputeFinished:
+    """The gradient of `iteration` is computed; the worker wants to average."""
+
+    iteration: int
+
+
+@dataclass(**_frozen)
+class UpdateReceived:
+    src: int
+    tag: int
+
+
+@dataclass(**_frozen)
+class TokensReceived:
+    src: int
+    count: int = 1
+
+
+@dataclass(**_frozen)
+class NeighbourLeft:
+    """`rank` stopped: it sends no more updates and takes no more tokens."""
+
+    rank: int
+
+
+Event = ReadyToStart | ComputeFinished | UpdateReceived | TokensReceived | NeighbourLeft
+
+
+# --- decisions out -----------------------------------------------------------------------------
+@dataclass(**_frozen)
+class SkipTo:
+    """Jump from `skipped_from` to `iteration`, merging the newest models: x <- the weighted
+    average of x and the updates `inputs` ({src: tag})."""
+
+    skipped_from: int
+    iteration: int
+    inputs: Mapping[int, int]
+    self_weight: float
+    weights: Mapping[int, float]
+
+
+@dataclass(**_frozen)
+class StartIteration:
+    iteration: int
+
+
+@dataclass(**_frozen)
+class SendUpdate:
+    """Send the current model tagged `tag` to ranks `to`."""
+
+    tag: int
+    to: tuple[int, ...]
+
+
+@dataclass(**_frozen)
+class Aggregate:
+    """x <- self_weight * x + sum_j weights[j] * update(j, inputs[j]); ends `iteration`."""
+
+    iteration: int
+    inputs: Mapping[int, int]
+    self_weight: float
+    weights: Mapping[int, float]
+
+
+@dataclass(**_frozen)
+class ReturnTokens:
+    to: tuple[int, ...]
+    count: int
+
+
+@dataclass(**_frozen)
+class Drop:
+    """The buffered updates (src, tag) for `tags` will never be used: free them."""
+
+    src: int
+    tags: tuple[int, ...]
+
+
+@dataclass(**_frozen)
+class Wait:
+    """The pending request is blocked on these: updates {src: lowest useful tag}, tokens."""
+
+    iteration: int
+    updates: Mapping[int, int] = field(default_factory=dict)
+    tokens: tuple[int, ...] = ()
+
+
+Decision = SkipTo | StartIteration | SendUpdate | Aggregate | ReturnTokens | Drop | Wait
+
+
+class State(Enum):
+    IDLE = "idle"  # between iterations; `iteration` is the next one
+    STARTING = "starting"  # wants to start `iteration`; short of tokens
+    COMPUTING = "computing"  # `iteration` started; its update sent
+    COLLECTING = "collecting"  # `iteration` computed; waiting for in-neighbours' updates
+    ERROR = "error"  # a misuse or a broken invariant; every call raises
+
+
+class HopCore:
+    """One worker's Hop state machine (see the module doc)."""
+
+    def __init__(
+        self,
+        rank: int,
+        in_peers: Sequence[int],
+        out_peers: Sequence[int],
+        self_weight: float,
+        weights: Mapping[int, float],
+        config: HopConfig | None = None,
+    ) -> None:
+        self.rank = rank
+        self.config = config or HopConfig()
+        self.in_peers = tuple(in_peers)
+        self.out_peers = tuple(out_peers)
+        if self.in_peers and not self.config.backup < len(self.in_peers):
+            raise ValueError(f"Arg `backup` must be < in-degree {len(self.in_peers)} of rank "
+                             f"{rank} (got {self.config.backup})")
+        if set(weights) != set(self.in_peers):
+            raise ValueError(f"Arg `weights` must name the in-neighbours {self.in_peers} of "
+                             f"rank {rank} (got {sorted(weights)})")
+        self.self_weight = self_weight
+        self.weights = dict(weights)
+        self.iteration = 1
+        self.completed = 0
+        self.state = State.IDLE
+        self.tokens = {j: self.config.tokens for j in self.out_peers}
+        self.held: dict[int, list[int]] = {j: [] for j in self.in_peers}
+        self.newest = {j: 0 for j in self.in_peers}
+        self.left: set[int] = set()
+
+    # --- the one mutating entry point -----------------------------------------------------
+    def handle(self, event: Event) -> list[Decision]:
+        if self.state is State.ERROR:
+            raise LocalProtocolError(f"rank {self.rank}: core is in ERROR; got {event}")
+        try:
+            return self._handle(event)
+        except (LocalProtocolError, RemoteProtocolError):
+            self.state = State.ERROR
+            raise
+
+    def _handle(self, event: Event) -> list[Decision]:
+        if isinstance(event, ReadyToStart):
+            self._expect(State.IDLE, event)
+            self.state = State.STARTING
+        elif isinstance(event, ComputeFinished):
+            self._expect(State.COMPUTING, event)
+            if event.iteration != self.iteration:
+                raise LocalProtocolError(f"rank {self.rank}: {event} during iteration "
+                                         f"{self.iteration}")
+            self.state = State.COLLECTING
+        elif isinstance(event, UpdateReceived):
+            self._receive_update(event)
+        elif isinstance(event, TokensReceived):
+            self._receive_tokens(event)
+        elif isinstance(event, NeighbourLeft):
+            if event.rank not in self.in_peers and event.rank not in self.out_peers:
+                raise RemoteProtocolError(f"rank {self.rank}: {event} from a non-neighbour")
+            self.left.add(event.rank)
+        else:
+            raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
+        if self.state is State.STARTING:
+            return self._try_start()
+        if self.state is State.COLLECTING:
+            return self._try_finish()
+        return self._prune()
+
+    def _expect(self, state: State, event: Event) -> None:
+        if self.state is not state:
+            raise LocalProtocolError(f"rank {self.rank}: {event} in state {self.state.name} "
+                                     f"(iteration {self.iteration})")
+
+    # --- incoming messages ----------------------------------------------------------------
+    def _receive_update(self, event: UpdateReceived) -> None:
+        src, tag = event.src, event.tag
+        if src not in self.held:
+            raise RemoteProtocolError(f"rank {self.rank}: update from {src}, not an in-neighbour")
+        if tag <= self.newest[src]:
+            raise RemoteProtocolError(f"rank {self.rank}: update tag {tag} from {src} after tag "
+                                      f"{self.newest[src]}; tags must increase")
+        if tag > self.completed + self.config.tokens:
+            raise RemoteProtocolError(
+                f"rank {self.rank}: update tag {tag} from {src} breaks the gap bound: this "
+                f"worker completed {self.completed}, max gap {self.config.tokens}")
+        self.newest[src] = tag
+        self.held[src].append(tag)
+
+    def _receive_tokens(self, event: TokensReceived) -> None:
+        if event.src not in self.tokens:
+            raise RemoteProtocolError(f"rank {self.rank}: tokens from {event.src}, "
+                                      "not an out-neighbour")
+        self.tokens[event.src] += event.count
+        if self.tokens[event.src] > 2 * self.config.tokens:
+            raise RemoteProtocolError(f"rank {self.rank}: {self.tokens[event.src]} tokens "
+                                      f"from {event.src}, more than twice the max gap")
+
+    # --- starting an iteration ------------------------------------------------------------
+    def _live_out(self) -> tuple[int, ...]:
+        return tuple(j for j in self.out_peers if j not in self.left)
+
+    def _try_start(self) -> list[Decision]:
+        live_out = self._live_out()
+        short = tuple(j for j in live_out if self.tokens[j] < 1)
+        if short:
+            return [*self._prune(), Wait(iteration=self.iteration, tokens=short)]
+        decisions: list[Decision] = []
+        skipped = self._skip_distance(live_out)
+        if skipped:
+            decisions += self._skip(skipped)
+        for j in live_out:
+            self.tokens[j] -= 1 + skipped
+        self.state = State.COMPUTING
+        return [*decisions, *self._prune(), StartIteration(iteration=self.iteration),
+                SendUpdate(tag=self.iteration, to=live_out)]
+
+    def _skip_distance(self, live_out: tuple[int, ...]) -> int:
+        """Iterations to skip now (0: none): up to the in-neighbours' newest tag, as far as
+        the tokens held allow, if at least the threshold."""
+        if not self.config.skip or not self.in_peers:
+            return 0
+        budget = min((self.tokens[j] for j in live_out), default=math.inf)
+        target = min(max(self.newest.values()), self.iteration - 1 + budget)
+        distance = int(target - self.iteration)
+        return distance if distance >= self.config.skip_threshold else 0
+
+    def _skip(self, skipped: int) -> list[Decision]:
+        inputs = {j: self.held[j][-1] for j in self.in_peers if self.held[j]}
+        self_weight, weights = self._renormalised(inputs)
+        start = self.iteration
+        self.iteration += skipped
+        self.completed += skipped
+        live_in = tuple(j for j in self.in_peers if j not in self.left)
+        return [SkipTo(skipped_from=start, iteration=self.iteration, inputs=inputs,
+                       self_weight=self_weight, weights=weights),
+                ReturnTokens(to=live_in, count=skipped)]
+
+    # --- finishing an iteration -----------------------------------------------------------
+    def _choice(self, j: int) -> int | None:
+        """The tag of j's update iteration k uses, or None if it has none yet (module doc)."""
+        k, tags = self.iteration, self.held[j]
+        in_window = [t for t in tags if k - self.config.staleness <= t <= k]
+        if in_window:
+            return in_window[-1]
+        later = [t for t in tags if t > k]
+        return later[0] if later else None
+
+    def _try_finish(self) -> list[Decision]:
+        k = self.iteration
+        inputs = {j: tag for j in self.in_peers if (tag := self._choice(j)) is not None}
+        can_come = [j for j in self.in_peers if j in inputs or j not in self.left]
+        need = min(len(self.in_peers) - self.config.backup, len(can_come))
+        if len(inputs) < need:
+            low = k - self.config.staleness
+            missing = {j: low for j in self.in_peers if j not in inputs and j not in self.left}
+            return [*self._prune(), Wait(iteration=k, updates=missing)]
+        self_weight, weights = self._renormalised(inputs)
+        live_in = tuple(j for j in self.in_peers if j not in self.left)
+        self.completed = k
+        self.iteration = k + 1
+        self.state = State.IDLE
+        return [Aggregate(iteration=k, inputs=inputs, self_weight=self_weight, weights=weights),
+                ReturnTokens(to=live_in, count=1), *self._prune()]
+
+    def _renormalised(self, inputs: Mapping[int, int]) -> tuple[float, dict[int, float]]:
+        total = self.self_weight + sum(self.weights[j] for j in inputs)
+        return self.self_weight / total, {j: self.weights[j] / total for j in inputs}
+
+    def _prune(self) -> list[Drop]:
+        """Free updates no iteration from now on can use: older than the staleness window,
+        or superseded by a fresher one that is not from the future."""
+        k, drops = self.iteration, []
+        for j, tags in self.held.items():
+            keep = [t for t in tags if t > k]
+            current = [t for t in tags if k - self.config.staleness <= t <= k]
+            keep = current[-1:] + keep
+            if len(keep) < len(tags):
+                drops.append(Drop(src=j, tags=tuple(t for t in tags if t not in keep)))
+                self.held[j] = keep
+        return drops

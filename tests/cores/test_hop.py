@@ -1,0 +1,328 @@
+"""Hop's core: scripted decisions, and random event orders on an in-memory network."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.hop import (
+    Aggregate,
+    ComputeFinished,
+    Drop,
+    HopConfig,
+    HopCore,
+    NeighbourLeft,
+    ReadyToStart,
+    ReturnTokens,
+    SendUpdate,
+    SkipTo,
+    StartIteration,
+    State,
+    TokensReceived,
+    UpdateReceived,
+    Wait,
+)
+from hetsync.topology import build
+
+HALF = pytest.approx(0.5)
+
+
+def ring_core(rank: int = 1, world: int = 3, **options: object) -> HopCore:
+    topology = build("ring", world, "uniform")
+    self_weight, weights = topology.recv_weights(rank)
+    return HopCore(rank, topology.in_peers(rank), topology.out_peers(rank), self_weight,
+                   weights, HopConfig(**options))
+
+
+# --- scripted: events in, exact decisions out ----------------------------------------------
+def test_standard_iteration_takes_tokens_sends_collects_and_returns_tokens():
+    core = ring_core(max_gap=2)
+    assert core.handle(ReadyToStart()) == [StartIteration(iteration=1),
+                                           SendUpdate(tag=1, to=(0, 2))]
+    assert core.handle(UpdateReceived(src=0, tag=1)) == []
+    assert core.handle(ComputeFinished(iteration=1)) == [
+        Wait(iteration=1, updates={2: 1})]
+    third = pytest.approx(1 / 3)
+    assert core.handle(UpdateReceived(src=2, tag=1)) == [
+        Aggregate(iteration=1, inputs={0: 1, 2: 1}, self_weight=third,
+                  weights={0: third, 2: third}),
+        ReturnTokens(to=(0, 2), count=1),
+        Drop(src=0, tags=(1,)),
+        Drop(src=2, tags=(1,)),
+    ]
+    assert core.state is State.IDLE and core.iteration == 2
+
+
+def test_a_worker_out_of_tokens_waits_for_the_slow_out_neighbour():
+    core = ring_core(max_gap=1)
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(UpdateReceived(src=2, tag=1))
+    core.handle(ComputeFinished(iteration=1))
+    assert core.handle(ReadyToStart()) == [Wait(iteration=2, tokens=(0, 2))]
+    assert core.handle(TokensReceived(src=0)) == [Wait(iteration=2, tokens=(2,))]
+    assert core.handle(TokensReceived(src=2)) == [StartIteration(iteration=2),
+                                                  SendUpdate(tag=2, to=(0, 2))]
+
+
+def test_backup_proceeds_with_the_first_arrival_and_drops_the_late_one():
+    core = ring_core(backup=1)
+    core.handle(ReadyToStart())
+    core.handle(ComputeFinished(iteration=1))
+    decisions = core.handle(UpdateReceived(src=2, tag=1))
+    assert decisions[0] == Aggregate(iteration=1, inputs={2: 1}, self_weight=HALF,
+                                     weights={2: HALF})
+    core.handle(ReadyToStart())
+    assert core.handle(UpdateReceived(src=0, tag=1)) == [Drop(src=0, tags=(1,))]
+
+
+def test_staleness_uses_the_freshest_update_in_the_window():
+    core = ring_core(staleness=2, max_gap=5)
+    for k in (1, 2, 3):
+        core.handle(ReadyToStart())
+        if k == 1:
+            core.handle(UpdateReceived(src=0, tag=1))
+        core.handle(UpdateReceived(src=2, tag=k))
+        decisions = core.handle(ComputeFinished(iteration=k))
+        assert isinstance(decisions[0], Aggregate), decisions
+        assert decisions[0].inputs == {0: 1, 2: k}
+    assert Drop(src=0, tags=(1,)) in decisions  # iteration 4 can use tags 2 to 4 only
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=2, tag=4))
+    assert core.handle(ComputeFinished(iteration=4)) == [Wait(iteration=4, updates={0: 2})]
+
+
+def test_a_behind_worker_skips_to_its_neighbours_newest_iteration():
+    core = ring_core(backup=1, skip=True, max_gap=4)
+    core.handle(ReadyToStart())
+    for tag in (1, 2, 3, 4):
+        core.handle(UpdateReceived(src=0, tag=tag))
+    core.handle(ComputeFinished(iteration=1))
+    for _ in range(3):
+        core.handle(TokensReceived(src=0))
+    decisions = core.handle(ReadyToStart())
+    assert decisions[:2] == [
+        SkipTo(skipped_from=2, iteration=4, inputs={0: 4}, self_weight=HALF, weights={0: HALF}),
+        ReturnTokens(to=(0, 2), count=2)]
+    assert decisions[-2:] == [StartIteration(iteration=4), SendUpdate(tag=4, to=(0, 2))]
+    assert core.tokens == {0: 3, 2: 0}  # 4 - 1 (iteration 1) + 3 returned - 3 (iterations 2-4)
+
+
+def test_a_neighbour_that_skipped_an_iteration_stands_in_with_its_later_update():
+    core = ring_core()
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(UpdateReceived(src=2, tag=3))  # 2 skipped iterations 1 and 2
+    assert core.handle(ComputeFinished(iteration=1))[0].inputs == {0: 1, 2: 3}
+
+
+def test_a_neighbour_that_left_is_not_waited_for():
+    core = ring_core()
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(ComputeFinished(iteration=1))
+    decisions = core.handle(NeighbourLeft(rank=2))
+    assert decisions[:2] == [Aggregate(iteration=1, inputs={0: 1}, self_weight=HALF,
+                                       weights={0: HALF}), ReturnTokens(to=(0,), count=1)]
+    assert core.handle(ReadyToStart())[-1] == SendUpdate(tag=2, to=(0,))
+
+
+@pytest.mark.parametrize(
+    ("events", "error", "match"),
+    [
+        ([ComputeFinished(iteration=1)], LocalProtocolError, "in state IDLE"),
+        ([ReadyToStart(), ComputeFinished(iteration=2)], LocalProtocolError, "during iteration 1"),
+        ([UpdateReceived(src=5, tag=1)], RemoteProtocolError, "not an in-neighbour"),
+        ([UpdateReceived(src=0, tag=2), UpdateReceived(src=0, tag=2)], RemoteProtocolError,
+         "tags must increase"),
+        ([UpdateReceived(src=0, tag=10)], RemoteProtocolError, "breaks the gap bound"),
+        ([TokensReceived(src=0, count=9)], RemoteProtocolError, "more than twice"),
+    ],
+    ids=["finish before start", "finish the wrong iteration", "update from a stranger",
+         "repeated tag", "tag beyond the gap", "too many tokens"],
+)
+def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(events, error, match):
+    core = ring_core(max_gap=4)
+    with pytest.raises(error, match=match):
+        for event in events:
+            core.handle(event)
+    assert core.state is State.ERROR
+    with pytest.raises(LocalProtocolError, match="ERROR"):
+        core.handle(ReadyToStart())
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"max_gap": 2, "staleness": 2}, "max_gap"), ({"mode": "notify-ack", "backup": 1}, "notify"),
+     ({"mode": "gossip"}, "mode"), ({"skip_threshold": 0}, "skip_threshold")],
+)
+def test_bad_options_are_named(options, match):
+    with pytest.raises(ValueError, match=match):
+        HopConfig(**options)
+
+
+def test_backup_must_leave_someone_to_wait_for():
+    with pytest.raises(ValueError, match="backup.*in-degree 2 of rank 1"):
+        ring_core(backup=2)
+
+
+# --- random event orders on an in-memory network ------------------------------------------
+@dataclass
+class Worker:
+    core: HopCore
+    speed: float
+    done: bool = False
+    aggregates: list[Aggregate] = field(default_factory=list)
+
+
+class Network:
+    """Cores joined by FIFO channels (one per direction and kind), driven in random order.
+
+    Each worker runs `iterations` iterations, then leaves (as the driver does: end markers on
+    its channels). After every event it checks Hop's invariants."""
+
+    def __init__(self, spec: str, world: int, config: HopConfig, iterations: int,
+                 rng: random.Random, slow: dict[int, float]) -> None:
+        self.topology = build(spec, world, "uniform")
+        self.config, self.iterations, self.rng = config, iterations, rng
+        self.workers = {}
+        for rank in range(world):
+            self_weight, weights = self.topology.recv_weights(rank)
+            core = HopCore(rank, self.topology.in_peers(rank), self.topology.out_peers(rank),
+                           self_weight, weights, config)
+            self.workers[rank] = Worker(core, slow.get(rank, 1.0))
+        self.updates = {(i, j): deque() for i in range(world) for j in self.topology.out_peers(i)}
+        self.tokens = {(j, i): deque() for (i, j) in self.updates}
+        self.events = 0
+
+    def run(self) -> None:
+        while not all(w.done for w in self.workers.values()):
+            actions = self._actions()
+            assert actions, f"deadlock: {self._describe()}"
+            weights = [weight for weight, _ in actions]
+            _, action = self.rng.choices(actions, weights)[0]
+            action()
+            self.events += 1
+            self.check()
+
+    def _actions(self) -> list:
+        actions = []
+        for rank, w in self.workers.items():
+            if w.done:
+                continue
+            if w.core.state is State.IDLE:
+                actions.append((1.0, lambda r=rank: self._ready(r)))
+            elif w.core.state is State.COMPUTING:
+                actions.append((w.speed, lambda r=rank: self._feed(r, ComputeFinished(
+                    iteration=self.workers[r].core.iteration))))
+        for channels in (self.updates, self.tokens):
+            for (src, dst), queue in channels.items():
+                if queue:
+                    actions.append((1.0, lambda c=channels, s=src, d=dst: self._deliver(c, s, d)))
+        return actions
+
+    def _ready(self, rank: int) -> None:
+        w = self.workers[rank]
+        if w.core.completed >= self.iterations:
+            w.done = True
+            for j in self.topology.out_peers(rank):
+                self.updates[rank, j].append(NeighbourLeft(rank=rank))
+            for j in self.topology.in_peers(rank):
+                self.tokens[rank, j].append(NeighbourLeft(rank=rank))
+        else:
+            self._feed(rank, ReadyToStart())
+
+    def _deliver(self, channels: dict, src: int, dst: int) -> None:
+        event = channels[src, dst].popleft()
+        if not self.workers[dst].done:
+            self._feed(dst, event)
+
+    def _feed(self, rank: int, event) -> None:
+        w = self.workers[rank]
+        for decision in w.core.handle(event):
+            if isinstance(decision, SendUpdate):
+                assert decision.tag == w.core.iteration
+                for j in decision.to:
+                    self.updates[rank, j].append(UpdateReceived(src=rank, tag=decision.tag))
+            elif isinstance(decision, ReturnTokens):
+                for j in decision.to:
+                    self.tokens[rank, j].append(TokensReceived(src=rank, count=decision.count))
+            elif isinstance(decision, Aggregate):
+                w.aggregates.append(decision)
+                self._check_aggregate(w, decision)
+            elif isinstance(decision, SkipTo):
+                assert self.config.skip
+
+    def _check_aggregate(self, w: Worker, aggregate: Aggregate) -> None:
+        k, s = aggregate.iteration, self.config.staleness
+        for src, tag in aggregate.inputs.items():
+            assert tag >= k - s, f"rank {w.core.rank} used tag {tag} from {src} at {k}"
+        total = aggregate.self_weight + sum(aggregate.weights.values())
+        assert total == pytest.approx(1.0)
+        alive = [j for j in w.core.in_peers if j not in w.core.left]
+        assert len(aggregate.inputs) >= min(len(alive), len(w.core.in_peers) - self.config.backup)
+
+    @staticmethod
+    def _started(core: HopCore) -> int:
+        running = core.state in (State.COMPUTING, State.COLLECTING)
+        return core.iteration if running else core.iteration - 1
+
+    def check(self) -> None:
+        gap = self.config.tokens
+        for (i, j), queue in self.updates.items():
+            sender, receiver = self.workers[i].core, self.workers[j].core
+            if self.workers[i].done or self.workers[j].done:
+                continue
+            assert self._started(sender) - self._started(receiver) <= gap, self._describe()
+            assert self._started(sender) - receiver.completed <= gap
+            in_flight = sum(e.count for e in self.tokens[j, i] if isinstance(e, TokensReceived))
+            assert (sender.tokens[j] + in_flight + self._started(sender)
+                    == gap + receiver.completed), f"token accounting on {i}->{j}"
+            assert len(receiver.held[i]) <= gap, f"update queue {i}->{j} overflows"
+            low = receiver.iteration - self.config.staleness  # older ones are dropped on arrival
+            useful = [e for e in queue if isinstance(e, UpdateReceived) and e.tag >= low]
+            assert len(useful) + len(receiver.held[i]) <= gap + self.config.staleness
+
+    def _describe(self) -> str:
+        return "; ".join(f"{r}: it {w.core.iteration} {w.core.state.name} tokens "
+                         f"{w.core.tokens} held {w.core.held}" for r, w in self.workers.items())
+
+
+configs = st.one_of(
+    st.builds(HopConfig, max_gap=st.integers(1, 4)),
+    st.builds(HopConfig, mode=st.just("notify-ack")),
+    st.builds(HopConfig, max_gap=st.integers(1, 4), backup=st.just(1)),
+    st.builds(HopConfig, max_gap=st.integers(3, 5), staleness=st.integers(1, 2)),
+    st.builds(HopConfig, max_gap=st.integers(2, 6), backup=st.just(1),
+              staleness=st.integers(0, 1), skip=st.just(True), skip_threshold=st.integers(1, 2)),
+)
+graphs = st.sampled_from([("ring", 4), ("ring", 5), ("directed-ring", 4), ("complete", 4),
+                          ("torus", 9)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(config=configs, graph=graphs, seed=st.integers(0, 2**32 - 1),
+       slow=st.dictionaries(st.integers(0, 3), st.sampled_from([0.05, 0.2]), max_size=2))
+def test_random_orders_keep_every_invariant_and_everyone_finishes(config, graph, seed, slow):
+    spec, world = graph
+    assume(config.backup < min(len(build(spec, world).in_peers(r)) for r in range(world)))
+    net = Network(spec, world, config, iterations=25, rng=random.Random(seed), slow=slow)
+    net.run()
+    for w in net.workers.values():
+        assert w.core.completed >= 25
+        if not (config.backup or config.staleness or config.skip):
+            assert all(set(a.inputs.values()) == {a.iteration} for a in w.aggregates)
+
+
+def test_a_very_slow_worker_skips_instead_of_holding_everyone_back():
+    config = HopConfig(max_gap=3, backup=1, skip=True)
+    net = Network("ring", 6, config, iterations=200, rng=random.Random(1), slow={2: 0.02})
+    net.run()
+    computed = {r: len(w.aggregates) for r, w in net.workers.items()}
+    assert computed[2] < 100 <= min(c for r, c in computed.items() if r != 2), computed
