@@ -148,6 +148,7 @@ class SyncOptimizer:
             self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)
         if self._log is not None:
             self._log.close()
+        self._heartbeat("closing")  # a protocol may wait here for its neighbours to stop
         self.protocol.close()
         if self.runtime.launched:
             self.runtime.store.set(f"stopped/{self.runtime.rank}", self.stop_reason or "")
@@ -175,7 +176,7 @@ class SyncOptimizer:
 
     def _begin_sync(self, step: Step) -> None:
         """Pad the compute to the emulated step time, inject the slowdown, decide stopping."""
-        compute = time.perf_counter() - step.start
+        compute = time.perf_counter() - step.start - step.sync_wait_s  # waits are not compute
         factor = self._slowdown.factor(self.runtime.rank, step.iteration)
         pad, delay = pacing(compute, self._step_time_s, factor)
         if pad + delay > 0:

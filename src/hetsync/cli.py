@@ -43,6 +43,14 @@ _RUN_HELP = {
     "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
     "ps_mode": "parameter server: sync or async",
     "adpsgd_mode": "AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; for comparison)",
+    "max_gap": "Hop: tokens per edge, the most iterations a worker may run ahead of a receiver",
+    "backup": "Hop: in-neighbours not waited for in each iteration (backup workers)",
+    "staleness": "Hop: use in-neighbours' updates up to this many iterations old",
+    "skip": "Hop: a worker behind its in-neighbours skips to their newest iteration",
+    "skip_threshold": "Hop: skip only when at least this many iterations would be skipped",
+    "hop_mode": "Hop: queues (token and update queues) or notify-ack (for comparison)",
+    "quiet": "no progress bar",
+    "keep_snapshots": "keep the model snapshots after evaluation",
 }
 _TYPES = {"out": Path, "data_dir": Path}
 
@@ -58,19 +66,17 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
     """One flag per RunConfig field; absent flags stay unset so --config can fill them."""
     parser.add_argument("--config", type=Path, help="TOML file with the same options")
     for f in dataclasses.fields(RunConfig):
-        if f.name in ("script", "stop_at_target", "quiet", "keep_snapshots"):
-            continue
-        if script and f.name == "workload":
+        if f.name in ("script", "stop_at_target") or (script and f.name == "workload"):
             continue
         flag = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool":
+            parser.add_argument(flag, dest=f.name, action="store_true",
+                                default=argparse.SUPPRESS, help=_RUN_HELP.get(f.name))
+            continue
         parser.add_argument(flag, dest=f.name, type=_flag_type(f), default=argparse.SUPPRESS,
                             help=_RUN_HELP.get(f.name))
     parser.add_argument("--no-stop-at-target", dest="stop_at_target", action="store_false",
                         default=argparse.SUPPRESS, help="keep training after the target loss")
-    parser.add_argument("--quiet", action="store_true", default=argparse.SUPPRESS,
-                        help="no progress bar")
-    parser.add_argument("--keep-snapshots", action="store_true", default=argparse.SUPPRESS,
-                        help="keep the model snapshots after evaluation")
 
 
 def build_parser() -> argparse.ArgumentParser:

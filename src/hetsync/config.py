@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetsync.cores.hop import MODES as HOP_MODES
 from hetsync.errors import ConfigError
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
@@ -28,6 +29,7 @@ _CHOICES = {
     "ps_mode": ("sync", "async"),
     "weights": WEIGHTS,
     "adpsgd_mode": ("bipartite", "naive"),
+    "hop_mode": HOP_MODES,
     "backend": ("auto", "gloo", "nccl"),
 }
 
@@ -55,6 +57,18 @@ class RunConfig:
     """Parameter server: sync (wait for every worker) or async (apply each gradient)."""
     adpsgd_mode: str = "bipartite"
     """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
+    max_gap: int = 8
+    """Hop: tokens per edge, the most iterations a worker may run ahead of an out-neighbour."""
+    backup: int = 0
+    """Hop: in-neighbours a worker need not wait for in each iteration."""
+    staleness: int = 0
+    """Hop: how many iterations old an in-neighbour's update may be and still be used."""
+    skip: bool = False
+    """Hop: a worker behind its in-neighbours jumps to their newest iteration."""
+    skip_threshold: int = 1
+    """Hop: skip only when at least this many iterations would be skipped."""
+    hop_mode: str = "queues"
+    """Hop: queues (token and update queues) or notify-ack (the design Hop improves on)."""
     seed: int = 0
     batch_size: int | None = None
     lr: float | None = None
@@ -89,11 +103,12 @@ class RunConfig:
             get_workload(self.workload)
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
-        for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum"):
+        for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
+                     "backup", "staleness"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples"):
+        for name in ("max_iterations", "batch_size", "eval_samples", "max_gap", "skip_threshold"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")

@@ -363,6 +363,8 @@ class HopCore:
                 ReturnTokens(to=live_in, count=1), *self._prune()]
 
     def _renormalised(self, inputs: Mapping[int, int]) -> tuple[float, dict[int, float]]:
+        if len(inputs) == len(self.in_peers):
+            return self.self_weight, dict(self.weights)  # as given: D-PSGD's exact weights
         total = self.self_weight + sum(self.weights[j] for j in inputs)
         return self.self_weight / total, {j: self.weights[j] / total for j in inputs}
 

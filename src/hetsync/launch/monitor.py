@@ -107,7 +107,7 @@ class Monitor:
         stalled = []
         for rank in live:
             phase = self._beats.get(rank, "0 starting 0").split()[1]
-            if phase == "done":
+            if phase in ("closing", "done"):
                 continue
             limit = self.hang_timeout if rank in self._changed else STARTUP_ALLOWANCE_S
             if now - self._changed.get(rank, self.started) > limit:

@@ -22,6 +22,7 @@ BUILTIN_MODULES = (
     "hetsync.protocols.dpsgd",
     "hetsync.protocols.adpsgd",
     "hetsync.protocols.ps",
+    "hetsync.protocols.hop",
 )
 
 _REGISTRY: dict[str, type[Protocol]] = {}

@@ -1,0 +1,268 @@
+"""Hop (Luo et al., ASPLOS'19) over torch.distributed: the transport of hetsync.cores.hop.
+
+Theory of operation. The decisions (may this worker start iteration k, which updates does it
+average, when does it skip) are made by `HopCore`; this module only moves messages and
+tensors. Each worker runs up to two receiver threads, one for tagged models from any
+in-neighbour and one for tokens from any out-neighbour (gloo's any-source receive). They
+turn messages into core events on an inbox queue and never block a sender: a model is
+buffered as soon as it arrives, and the core frees it (`Drop`) when no iteration can use it.
+The training thread owns the core:
+
+    begin_iteration:       ReadyToStart -> [SkipTo], StartIteration, SendUpdate  (or Wait)
+    before_optimizer_step: ComputeFinished(k) -> Aggregate, ReturnTokens          (or Wait)
+
+On `Wait` it blocks on the inbox; a wait longer than `--hang-timeout` raises an error that
+names the ranks and tags it waited for. The model sent in iteration k is x_k, the one the
+gradient is computed on, as in D-PSGD: with no backup, staleness or skipping, Hop computes
+exactly D-PSGD's iterates.
+
+Stopping. Workers stop independently (no agreement is needed: nobody waits for a worker that
+left). A stopping worker sends an end marker on each of its channels, after its last update
+or token; its neighbours turn that into `NeighbourLeft`. It then waits for its own receiver
+threads, which end once every neighbour has ended its channels too.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.config import RunConfig
+from hetsync.cores.hop import (
+    Aggregate,
+    ComputeFinished,
+    Decision,
+    Drop,
+    Event,
+    HopConfig,
+    HopCore,
+    NeighbourLeft,
+    ReadyToStart,
+    ReturnTokens,
+    SendUpdate,
+    SkipTo,
+    StartIteration,
+    TokensReceived,
+    UpdateReceived,
+    Wait,
+)
+from hetsync.errors import ConfigError
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.topology import build
+from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.runtime import Runtime
+
+_UPDATE_TAG, _TOKEN_TAG = 41, 42
+_END = -1.0
+_Item = tuple[Event | BaseException, torch.Tensor | None]
+
+
+def hop_config(config: RunConfig) -> HopConfig:
+    return HopConfig(max_gap=config.max_gap, backup=config.backup, staleness=config.staleness,
+                     skip=config.skip, skip_threshold=config.skip_threshold, mode=config.hop_mode)
+
+
+@register_protocol("hop")
+class Hop(Protocol):
+    """Queue-based decentralized training with backup workers, staleness and skipping."""
+
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        if config.backend == "nccl":
+            raise ConfigError("hop needs gloo: its receiver threads receive from any source")
+        topology = build(config.topology, config.workers, config.weights)
+        if topology.dynamic:
+            raise ConfigError(f"hop needs a fixed graph; --topology {config.topology} changes "
+                              "every iteration")
+        if config.hop_mode == "notify-ack" and (config.backup or config.staleness or config.skip):
+            raise ConfigError("--hop-mode notify-ack cannot express --backup, --staleness or "
+                              "--skip (that is the point of Hop's queues)")
+        if config.hop_mode == "queues" and config.max_gap <= config.staleness:
+            raise ConfigError(f"--max-gap must be > --staleness {config.staleness} (got "
+                              f"{config.max_gap}): a fresh enough update must be sendable")
+        for rank in range(config.workers):
+            degree = len(topology.in_peers(rank))
+            if degree and config.backup >= degree:
+                raise ConfigError(f"--backup must be < the in-degree {degree} of rank {rank} on "
+                                  f"--topology {config.topology} (got {config.backup})")
+        if config.skip and not (config.backup or config.staleness or topology.directed):
+            warnings.warn("--skip has no effect here: on an undirected graph with no --backup "
+                          "or --staleness no worker can fall behind its neighbours",
+                          stacklevel=2)
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config, rank = runtime.config, runtime.rank
+        topology = build(config.topology, runtime.world_size, config.weights)
+        in_peers, out_peers = topology.in_peers(rank), topology.out_peers(rank)
+        self_weight, weights = topology.recv_weights(rank)
+        self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, hop_config(config))
+        self.tensors = model_tensors(model)
+        self.timeout = config.hang_timeout
+        self.inbox: queue.Queue[_Item] = queue.Queue()
+        self.updates: dict[tuple[int, int], torch.Tensor] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._running = False
+        self._stopped = False
+        size = sum(t.numel() for t in self.tensors) + 1
+        self._threads = [
+            threading.Thread(target=self._receive, args=(_UPDATE_TAG, len(in_peers), size),
+                             name="hop-updates", daemon=True),
+            threading.Thread(target=self._receive, args=(_TOKEN_TAG, len(out_peers), 1),
+                             name="hop-tokens", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- the training thread ----------------------------------------------------------------
+    def begin_iteration(self, step: Step) -> None:
+        """Start the iteration (tokens, skip, send). The first starts when needed, so that a
+        model loaded after building the optimizer is the one sent."""
+        if step.iteration > 1 and not self._stopped:
+            self._start(step)
+
+    def _start(self, step: Step) -> None:
+        self._drain(step)
+        self._run(ReadyToStart(), step)
+        self._running = True
+
+    def before_optimizer_step(self, step: Step) -> None:
+        if not self._running:
+            self._start(step)
+        step.begin_sync()
+        self._drain(step)
+        self._run(ComputeFinished(iteration=self.core.iteration), step)
+        self._running = False
+        step.stop = self._stopped = step.wants_stop
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the gradient lands on the averaged model."""
+
+    def _drain(self, step: Step) -> None:
+        """Feed every message that has already arrived (their decisions are only `Drop`s)."""
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._execute(self.core.handle(self._unpack(item)), step)
+
+    def _run(self, event: Event, step: Step) -> None:
+        """Feed `event`, then incoming messages for as long as the core says `Wait`."""
+        decisions = self.core.handle(event)
+        while (wait := self._execute(decisions, step)) is not None:
+            with step.blocking():
+                try:
+                    item = self.inbox.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TimeoutError(self._describe(wait)) from None
+            decisions = self.core.handle(self._unpack(item))
+
+    def _unpack(self, item: _Item) -> Event:
+        event, buffer = item
+        if isinstance(event, BaseException):
+            raise RuntimeError(f"hop receiver thread failed: {event!r}") from event
+        if isinstance(event, UpdateReceived) and buffer is not None:
+            self.updates[event.src, event.tag] = buffer
+        return event
+
+    def _execute(self, decisions: list[Decision], step: Step) -> Wait | None:
+        for decision in decisions:
+            if isinstance(decision, Wait):
+                return decision
+            if isinstance(decision, SkipTo):
+                step.extra["started_at"] = time.time()
+                step.extra["skipped"] = decision.iteration - decision.skipped_from
+                self._average(decision.inputs, decision.self_weight, decision.weights)
+            elif isinstance(decision, StartIteration):
+                step.extra.setdefault("started_at", time.time())
+                step.extra["tag"] = decision.iteration
+            elif isinstance(decision, SendUpdate):
+                self._send(flatten(self.tensors, float(decision.tag)), decision.to,
+                           _UPDATE_TAG, step)
+            elif isinstance(decision, Aggregate):
+                self._average(decision.inputs, decision.self_weight, decision.weights)
+                step.extra["done_at"] = time.time()
+                step.extra["used"] = len(decision.inputs)
+                ages = [decision.iteration - tag for tag in decision.inputs.values()]
+                step.extra["staleness"] = max(ages, default=0)
+            elif isinstance(decision, ReturnTokens):
+                self._send(self._scalar(decision.count), decision.to, _TOKEN_TAG, step)
+            elif isinstance(decision, Drop):
+                for tag in decision.tags:
+                    del self.updates[decision.src, tag]
+        return None
+
+    def _send(self, message: torch.Tensor, to: tuple[int, ...], tag: int, step: Step) -> None:
+        if tag == _UPDATE_TAG:
+            with step.blocking():
+                self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
+        for j in to:
+            self._sends.append((dist.isend(message, j, tag=tag), message))
+        step.bytes_sent += message.numel() * message.element_size() * len(to)
+
+    def _scalar(self, value: float) -> torch.Tensor:
+        return torch.tensor([value], dtype=self.tensors[0].dtype)
+
+    def _wait_sends(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+    def _average(
+        self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
+    ) -> None:
+        average = flatten(self.tensors) * self_weight
+        for j, tag in inputs.items():
+            average.add_(self.updates[j, tag][:-1], alpha=weights[j])
+        with torch.no_grad():
+            unflatten_into(average, self.tensors)
+
+    def _describe(self, wait: Wait) -> str:
+        awaited = [f"an update tagged >= {tag} from rank {j}" for j, tag in wait.updates.items()]
+        awaited += [f"a token from rank {j}" for j in wait.tokens]
+        return (f"hop: rank {self.core.rank} waited {self.timeout:g} s in iteration "
+                f"{wait.iteration} for {' and '.join(awaited)}")
+
+    # --- the receiver threads ----------------------------------------------------------------
+    def _receive(self, tag: int, senders: int, size: int) -> None:
+        """Turn messages into events until every sender has sent its end marker."""
+        try:
+            while senders:
+                buffer = torch.empty(size, dtype=self.tensors[0].dtype)
+                src = dist.recv(buffer, src=None, tag=tag)
+                header = float(buffer[-1])
+                if header == _END:
+                    senders -= 1
+                    self.inbox.put((NeighbourLeft(rank=src), None))
+                elif tag == _UPDATE_TAG:
+                    self.inbox.put((UpdateReceived(src=src, tag=int(header)), buffer))
+                else:
+                    self.inbox.put((TokensReceived(src=src, count=int(header)), None))
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            self.inbox.put((error, None))
+
+    def close(self) -> None:
+        """End this worker's channels, then wait until every neighbour has ended its own."""
+        self._wait_sends()
+        end = flatten(self.tensors, _END)
+        for j in self.core.out_peers:
+            dist.send(end, j, tag=_UPDATE_TAG)
+        for j in self.core.in_peers:
+            dist.send(self._scalar(_END), j, tag=_TOKEN_TAG)
+        for thread in self._threads:
+            thread.join()
+        while not self.inbox.empty():
+            event, _ = self.inbox.get_nowait()
+            if isinstance(event, BaseException):
+                raise RuntimeError(f"hop receiver thread failed: {event!r}") from event

@@ -1,0 +1,137 @@
+"""Hop on real processes: D-PSGD's iterates when nothing is relaxed, invariants checked from
+the logs under random delays, and learning on the real workloads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.launch.launcher import run
+from hetsync.metrics.summary import read_jsonl
+from hetsync.topology import build
+from hetsync.workloads.datasets import FASHION_MNIST_DIRS
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parents[1] / "launch" / "scripts" / "conservation.py"
+HAS_FASHION = any(d.is_dir() for d in FASHION_MNIST_DIRS)
+
+
+def _rows(run_dir: Path, rank: int) -> list[dict]:
+    return read_jsonl(run_dir / "workers" / f"rank{rank}.jsonl")
+
+
+def test_with_nothing_relaxed_hop_computes_dpsgds_iterates(train_run):
+    common = {"workers": 4, "max_iterations": 40, "stop_at_target": False, "seed": 3}
+    hop = train_run(protocol="hop", label="hop", **common)
+    dpsgd = train_run(protocol="dpsgd", label="dpsgd", **common)
+    for rank in range(4):
+        a = [r["loss"] for r in _rows(hop.run_dir, rank)]
+        b = [r["loss"] for r in _rows(dpsgd.run_dir, rank)]
+        assert len(a) == len(b) == 40
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+
+
+def test_zero_lr_conserves_the_sum_and_reaches_consensus(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    run(RunConfig(protocol="hop", workers=4, max_iterations=150, script=[str(SCRIPT), str(out)],
+                  out=out, quiet=True))
+    saved = [torch.load(out / f"final_rank{r}.pt") for r in range(4)]
+    initial = torch.stack([s["initial"] for s in saved])
+    final = torch.stack([s["final"] for s in saved])
+    assert torch.allclose(final.sum(0), initial.sum(0), atol=1e-5)
+    assert (final - final.mean(0)).abs().max() < 1e-4 * (initial - initial.mean(0)).abs().max()
+
+
+def check_invariants_from_logs(run_dir: Path, config: RunConfig) -> None:
+    """On every edge i->j, when i started iteration k, j had completed k - max_gap (its token
+    was sent after that); every update used was within the staleness bound."""
+    topology = build(config.topology, config.workers)
+    rows = {r: _rows(run_dir, r) for r in range(config.workers)}
+    gap = 1 if config.hop_mode == "notify-ack" else config.max_gap
+    for i, mine in rows.items():
+        for row in mine:
+            assert row["staleness"] <= config.staleness, f"rank {i} used a stale update: {row}"
+        for j in topology.out_peers(i):
+            completions = sorted(
+                [(r["done_at"], r["tag"]) for r in rows[j]]
+                + [(r["started_at"], r["tag"] - 1) for r in rows[j] if r.get("skipped")]
+            )
+            last_done = completions[-1][0]
+            for row in mine:
+                if row["started_at"] > last_done:
+                    break  # j has left; nobody waits for its tokens any more
+                done = max((tag for at, tag in completions if at <= row["started_at"]), default=0)
+                assert row["tag"] - done <= gap, f"edge {i}->{j}: {i} started {row['tag']} " \
+                                                 f"when {j} had completed {done}"
+
+
+VARIANTS = {
+    "standard": {"max_gap": 2},
+    "notify-ack": {"hop_mode": "notify-ack"},
+    "backup": {"backup": 1, "max_gap": 3},
+    "staleness": {"staleness": 2, "max_gap": 3},
+    "backup+skip": {"backup": 1, "skip": True, "max_gap": 4},
+    "directed+skip": {"topology": "directed-ring", "skip": True, "max_gap": 3},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANTS)
+def test_eight_workers_with_random_delays_keep_hops_invariants(variant, train_run):
+    options = {"workers": 8, "max_time": 5, "step_time": 4.0, "stop_at_target": False,
+               "eval_every": 60, "slowdown": "random:p=0.2,factor=5", **VARIANTS[variant],
+               "label": variant}
+    result = train_run(protocol="hop", **options)
+    config = RunConfig.read(result.run_dir / "config.json")
+    check_invariants_from_logs(result.run_dir, config)
+    assert min(result.summary["iterations"]) >= 30
+    first = [r["loss"] for r in _rows(result.run_dir, 0)[:20]]
+    last = [r["loss"] for r in _rows(result.run_dir, 0)[-20:]]
+    assert sum(last) < 0.7 * sum(first)
+
+
+def test_a_persistently_slow_worker_skips_and_no_longer_holds_back_the_ring(train_run):
+    common = {"workers": 6, "max_time": 6, "step_time": 10.0, "stop_at_target": False,
+              "eval_every": 60,
+              "slowdown": "deterministic:ranks=2,factor=6", "backup": 1, "max_gap": 6}
+    plain = train_run(protocol="hop", label="backup", **common)
+    skipping = train_run(protocol="hop", label="skip", skip=True, **common)
+    tags = [r["tag"] for r in _rows(skipping.run_dir, 2)]
+    assert any(r.get("skipped") for r in _rows(skipping.run_dir, 2))
+    assert tags[-1] > 2 * len(tags), "the slow worker covers iterations it never computes"
+    fast = [r for r in range(6) if r != 2]
+    plain_fast = min(plain.summary["iterations"][r] for r in fast)
+    skip_fast = min(skipping.summary["iterations"][r] for r in fast)
+    assert skip_fast > 1.5 * plain_fast
+
+
+@pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
+@pytest.mark.parametrize("workload", ["svm", "cnn"])
+def test_loss_falls_on_real_workloads(workload, train_run):
+    result = train_run(protocol="hop", workload=workload, workers=8, max_time=10, backup=1,
+                       skip=True, slowdown="random:p=0.1,factor=4", stop_at_target=False,
+                       eval_every=2.0, label=f"hop-{workload}")
+    consensus = [r for r in read_jsonl(result.run_dir / "eval.jsonl") if r["model"] == "consensus"]
+    assert result.summary["final_loss"] < 0.8 * consensus[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"backup": 2}, "--backup must be < the in-degree 2 of rank 0"),
+     ({"staleness": 3, "max_gap": 3}, "--max-gap must be > --staleness 3"),
+     ({"hop_mode": "notify-ack", "backup": 1}, "notify-ack cannot express"),
+     ({"topology": "one-peer-exponential"}, "fixed graph"),
+     ({"backend": "nccl"}, "needs gloo")],
+)
+def test_bad_options_are_refused_before_anything_starts(options, match):
+    with pytest.raises(ConfigError, match=match):
+        RunConfig(protocol="hop", workers=4, **options).validate()
+
+
+def test_skip_that_cannot_take_effect_warns():
+    with pytest.warns(UserWarning, match="--skip has no effect"):
+        RunConfig(protocol="hop", workers=4, skip=True).validate()
