@@ -28,6 +28,10 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
+def _percent(fraction: float | None) -> str:
+    return f"{100 * fraction:.0f}%" if fraction is not None else "-"
+
+
 def run_matrix(
     args: argparse.Namespace, settings: dict[str, str], variants: list[Variant]
 ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -55,7 +59,8 @@ def run_matrix(
     print(f"\n{args.workload}, {args.workers} workers, step {args.step_time:g} ms, target loss "
           f"{target}; ratios to {first} in the same setting")
     print(f"{'setting':14s} {'protocol':18s} {'samples/s':>10s} {'to target (s)':>14s} "
-          f"{'throughput':>11s} {'speed-up':>9s} {'sync wait':>10s} {'final acc':>10s}")
+          f"{'throughput':>11s} {'speed-up':>9s} {'of ideal':>9s} {'sync wait':>10s} "
+          f"{'final acc':>10s}")
     for (setting, label), s in results.items():
         base = results[(setting, first)]
         ttt = s["time_to_target_s"]
@@ -63,6 +68,7 @@ def run_matrix(
               f"{(f'{ttt:.1f}' if ttt else 'not reached'):>14s} "
               f"{_ratio(s['samples_per_s'], base['samples_per_s']):>11s} "
               f"{_ratio(base['time_to_target_s'], ttt):>9s} "
+              f"{_percent(s.get('ideal_fraction')):>9s} "
               f"{100 * s['sync_wait_fraction']:9.0f}% {100 * (s['final_accuracy'] or 0):9.1f}%")
     print(f"\nreport: {write_report(dirs, args.out / 'plots')}")
     return results

@@ -43,6 +43,17 @@ class SlowdownSpec:
             return self.trace.get((rank, iteration), 1.0)
         return 1.0
 
+    def mean_factor(self, rank: int) -> float:
+        """The factor `rank`'s iterations take on average (a trace: over its listed ones)."""
+        if self.kind == "deterministic":
+            return self.factor(rank, 1)
+        if self.kind == "random":
+            return 1.0 + self.p * (self.factor_value - 1.0)
+        if self.kind == "trace":
+            listed = [f for (r, _), f in self.trace.items() if r == rank]
+            return sum(listed) / len(listed) if listed else 1.0
+        return 1.0
+
     def check_ranks(self, workers: int) -> None:
         """Raise ConfigError if the spec names a rank that does not exist."""
         named = set(self.ranks) | {rank for rank, _ in self.trace}

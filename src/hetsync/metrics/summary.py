@@ -42,6 +42,8 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
         if row["model"] in ("consensus", "final") and target is not None and row["loss"] <= target
     ]
     final = next((row for row in reversed(evals) if row["model"] == "final"), None)
+    samples_per_s = round(sum(iterations) * batch / wall, 2) if wall > 0 and batch else None
+    ideal = ideal_samples_per_s(config)
     return {
         "protocol": config.protocol,
         "label": config.label or config.protocol,
@@ -54,7 +56,9 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
         "seed": config.seed,
         "wall_time_s": round(wall, 3),
         "iterations": iterations,
-        "samples_per_s": round(sum(iterations) * batch / wall, 2) if wall > 0 and batch else None,
+        "samples_per_s": samples_per_s,
+        "ideal_samples_per_s": ideal,
+        "ideal_fraction": round(samples_per_s / ideal, 4) if samples_per_s and ideal else None,
         "iterations_per_s": round(sum(iterations) / wall, 2) if wall > 0 else 0.0,
         "time_to_target_s": round(min(reached), 3) if reached else None,
         "target_loss": target,
@@ -63,6 +67,17 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
         "sync_wait_fraction": round(sync_wait / busy, 4) if busy > 0 else 0.0,
         "stop_reason": stop_reason,
     }
+
+
+def ideal_samples_per_s(config: RunConfig) -> float | None:
+    """The sum of the workers' own speeds (emulated step time x mean slowdown): what a run
+    would reach if no worker ever waited for another. None without an emulated step time."""
+    if not config.step_time or not config.batch_size:
+        return None
+    spec = config.slowdown_spec()
+    step_s = config.step_time / 1000.0
+    speeds = [config.batch_size / (step_s * spec.mean_factor(r)) for r in range(config.workers)]
+    return round(sum(speeds), 2)
 
 
 def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:
