@@ -1,0 +1,204 @@
+"""P-Reduce, Prague's partial all-reduce: each member of a group of ranks gets the average of
+the members' flat buffers; non-members take no part, and disjoint groups run at the same time.
+
+Four implementations, chosen by name (`make_preducer`); bench/preduce_options.py measures them:
+
+- ``mesh``: every member sends its buffer to every other member, then sums (one round).
+- ``ring``: reduce-scatter then all-gather around the members (2(k-1) rounds of n/k values).
+- ``leader``: the members send to the first member, which sends the sum back (two rounds).
+- ``subgroup``: a gloo process group of the members only, cached like the prototype's
+  communicators, and gloo's C++ all-reduce on it.
+
+Measured with 8 workers on 2 cores: ``mesh`` is fastest for 2 members and ties with ``leader``
+for 3-4; ``leader`` wins at 8 (mesh's k(k-1) transfers and k-fold sums); a cached ``subgroup``
+is 1.4-5x slower (its first use 3-8x) and ``ring`` 2-18x (each round is a scheduler wake-up).
+
+The p2p kinds use the default process group: messages are told apart by peer (disjoint groups
+share no peer; a worker's groups run in an order all members agree on) and a tag derived from
+the group, so that two workers that disagree on the group time out instead of mixing buffers.
+Every member sums in the same order, so the members end with bit-identical buffers.
+
+Why ``subgroup`` does not call `dist.new_group(ranks, use_local_synchronization=True)`: torch
+2.13 names that group sha1(ranks, number of groups this process holds), so two members with
+different histories (the normal case for dynamic groups) wait for different store keys until
+the timeout. The group is built instead from a name that all members compute alike: its member
+set and how many times this process created that member set (each creation involves every
+member, so the count is the same on all of them); re-using a name reads the old group's stale
+rendezvous keys and fails with "Connection reset by peer". A per-process LRU cache cannot be used:
+a group evicted by one member but kept by another would make the next P-Reduce hang. As in the
+prototype, a new group is kept only if no member's cache is full (the members agree with one
+tiny all-reduce); otherwise it serves once and is shut down in a thread (gloo's shutdown takes
+20-30 ms). Groups are gloo only, and old rendezvous keys stay in the store (a few bytes each).
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import zlib
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+
+from hetsync.errors import ConfigError
+
+__all__ = ["KINDS", "PReducer", "make_preducer"]
+
+KINDS = ("mesh", "ring", "leader", "subgroup")
+Group = tuple[int, ...]
+_TAG_BASE = 1 << 20  # above the fixed tags of the other protocols
+_CREATED: Counter[Group] = Counter()  # subgroups made per member set, over all PReducers
+
+
+class PReducer:
+    """Averages a flat buffer over a group of ranks; a 1-member group is a local no-op."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank = rank
+        self.world = world
+
+    def average(self, flat: torch.Tensor, group: Group) -> None:
+        """Replace `flat` (1-D, contiguous, same size on all members) by the members' mean.
+
+        Every member calls it with the same sorted `group`, which contains this rank; the
+        groups of one worker must run in an order all their members agree on."""
+        if self.rank not in group or list(group) != sorted(set(group)) or group[-1] >= self.world:
+            raise ValueError(
+                f"rank {self.rank}: group {group} must be sorted distinct ranks below "
+                f"{self.world} that include this rank"
+            )
+        if len(group) > 1:
+            self._sum(flat, group)
+            flat.div_(len(group))
+
+    def close(self) -> None:
+        """Free the process groups this P-Reducer holds (nothing for the p2p kinds)."""
+
+    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+        raise NotImplementedError
+
+
+def _tag(group: Group) -> int:
+    return _TAG_BASE + zlib.crc32(",".join(map(str, group)).encode()) % _TAG_BASE
+
+
+def _run(ops: list[dist.P2POp]) -> None:
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()  # gloo p2p works only complete in wait(): no polling
+
+
+class _Mesh(PReducer):
+    """One round, (k-1) buffers out and in per member: the fewest scheduler wake-ups."""
+
+    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+        parts, tag = flat.new_empty((len(group), flat.numel())), _tag(group)
+        ops = []
+        for peer, part in zip(group, parts, strict=True):
+            if peer != self.rank:
+                ops.append(dist.P2POp(dist.isend, flat, peer, tag=tag))
+                ops.append(dist.P2POp(dist.irecv, part, peer, tag=tag))
+        _run(ops)
+        parts[group.index(self.rank)].copy_(flat)
+        flat.copy_(parts[0])
+        for part in parts[1:]:
+            flat.add_(part)
+
+
+class _Ring(PReducer):
+    """Bandwidth-optimal: 2(k-1)/k of the buffer out per member, but 2(k-1) rounds."""
+
+    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+        k, me, tag = len(group), group.index(self.rank), _tag(group)
+        nxt, prv = group[(me + 1) % k], group[(me - 1) % k]
+        chunks = flat.tensor_split(k)
+        buf = flat.new_empty(chunks[0].numel())
+        for s in range(k - 1):  # reduce-scatter: member me ends owning chunk me+1
+            into = chunks[(me - s - 1) % k]
+            _run([dist.P2POp(dist.isend, chunks[(me - s) % k], nxt, tag=tag),
+                  dist.P2POp(dist.irecv, buf[: into.numel()], prv, tag=tag)])
+            into.add_(buf[: into.numel()])
+        for s in range(k - 1):  # all-gather the reduced chunks
+            _run([dist.P2POp(dist.isend, chunks[(me + 1 - s) % k], nxt, tag=tag),
+                  dist.P2POp(dist.irecv, chunks[(me - s) % k], prv, tag=tag)])
+
+
+class _Leader(PReducer):
+    """Two rounds; the leader (first member) moves 2(k-1) buffers."""
+
+    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+        tag = _tag(group)
+        if self.rank != group[0]:
+            dist.send(flat, group[0], tag=tag)
+            dist.recv(flat, group[0], tag=tag)
+            return
+        parts = flat.new_empty((len(group) - 1, flat.numel()))
+        _run([dist.P2POp(dist.irecv, part, peer, tag=tag)
+              for peer, part in zip(group[1:], parts, strict=True)])
+        for part in parts:
+            flat.add_(part)
+        _run([dist.P2POp(dist.isend, flat, peer, tag=tag) for peer in group[1:]])
+
+
+class _Subgroup(PReducer):
+    """A cached gloo group per member set; first use costs the group's creation."""
+
+    def __init__(
+        self, rank: int, world: int, store: dist.Store, timeout: datetime.timedelta,
+        cache_size: int,
+    ) -> None:
+        super().__init__(rank, world)
+        self._store = store
+        self._timeout = timeout
+        self._cache_size = cache_size
+        self._cache: dict[Group, dist.ProcessGroupGloo] = {}
+
+    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+        pg = self._cache.get(group)
+        if pg is None:
+            pg = self._create(group)
+        pg.allreduce([flat]).wait()
+        if group not in self._cache:
+            threading.Thread(target=pg.shutdown, name="preduce-shutdown").start()
+
+    def _create(self, group: Group) -> dist.ProcessGroupGloo:
+        name = f"preduce/{'-'.join(map(str, group))}/{_CREATED[group]}/"
+        _CREATED[group] += 1
+        pg = dist.ProcessGroupGloo(
+            dist.PrefixStore(name, self._store), group.index(self.rank), len(group), self._timeout
+        )
+        full = torch.tensor([float(len(self._cache) >= self._cache_size)])
+        pg.allreduce([full]).wait()
+        if full.item() == 0:
+            self._cache[group] = pg
+        return pg
+
+    def close(self) -> None:
+        for pg in self._cache.values():
+            pg.shutdown()
+        self._cache.clear()
+
+
+def make_preducer(
+    kind: str,
+    rank: int,
+    world: int,
+    *,
+    store: dist.Store | None = None,
+    timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+    cache_size: int = 60,
+) -> PReducer:
+    """The P-Reducer called `kind` (one of `KINDS`) for this rank.
+
+    ``subgroup`` needs `store`, shared by all ranks (e.g. `Runtime.store`) for the groups'
+    rendezvous; `timeout` bounds its waits and `cache_size` caps its cached groups (the
+    prototype used 60; each costs ~6 sockets and 3 threads). The p2p kinds use the default
+    process group and its timeout."""
+    if kind == "subgroup":
+        if store is None:
+            raise ConfigError("P-Reduce 'subgroup' needs a store shared by all ranks")
+        return _Subgroup(rank, world, store, timeout, cache_size)
+    kinds: dict[str, type[PReducer]] = {"mesh": _Mesh, "ring": _Ring, "leader": _Leader}
+    if kind not in kinds:
+        raise ConfigError(f"unknown P-Reduce kind {kind!r} (known: {', '.join(KINDS)})")
+    return kinds[kind](rank, world)

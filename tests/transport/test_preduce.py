@@ -1,0 +1,139 @@
+"""P-Reduce on 8 real processes over gloo, every implementation: exact averages, non-members
+untouched, concurrent disjoint groups, members with different group histories."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hetsync.errors import ConfigError
+from hetsync.transport.preduce import KINDS, make_preducer
+
+WORLD = 8
+NUMEL = 1001  # a multiple of no group size: the ring's chunks are uneven
+TIMEOUT = datetime.timedelta(seconds=30)
+JOIN_TIMEOUT_S = 90.0
+#: Rounds run one after another; the groups of a round run at the same time; a rank in no
+#: group of a round skips it, so members come to a group with different histories.
+SCHEDULE: list[list[tuple[int, ...]]] = [
+    [(0, 3), (1, 2, 5), (4,), (6, 7)],
+    [(0, 1, 6), (2, 3, 4, 5, 7)],
+    [tuple(range(WORLD))],
+    [(2, 6)],
+    [(0, 1)],
+    [(0, 2)],
+    [(1, 2)],
+    [(0, 3), (1, 2, 5), (4,), (6, 7)],
+    [(0, 1), (2, 6), (3, 4, 5, 7)],
+]
+#: A cache of 2 groups makes some members keep a group that others use once, and makes
+#: (0, 1) and (2, 6) one-shot groups that are created twice.
+VARIANTS: dict[str, dict[str, object]] = {
+    **{kind: {"kind": kind} for kind in KINDS},
+    "subgroup-cache2": {"kind": "subgroup", "cache_size": 2},
+}
+
+
+def _initial(rank: int) -> torch.Tensor:
+    return torch.randn(NUMEL, generator=torch.Generator().manual_seed(rank))
+
+
+def _worker(rank: int, port: int, out: Path) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, WORLD, rank == 0, timeout=TIMEOUT)
+    dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
+                            world_size=WORLD, timeout=TIMEOUT)
+    states: dict[str, list[torch.Tensor]] = {}
+    for name, options in VARIANTS.items():
+        preducer = make_preducer(rank=rank, world=WORLD, store=dist.PrefixStore(name, store),
+                                 timeout=TIMEOUT, **options)  # type: ignore[arg-type]
+        flat = _initial(rank)
+        states[name] = []
+        for groups in SCHEDULE:
+            for group in groups:
+                if rank in group:
+                    preducer.average(flat, group)
+            states[name].append(flat.clone())
+        preducer.close()
+        dist.barrier()
+    torch.save(states, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def states(tmp_path_factory) -> list[dict[str, list[torch.Tensor]]]:
+    """Per rank, per variant: the buffer after each round of SCHEDULE (one launch for all)."""
+    out = tmp_path_factory.mktemp("preduce")
+    context = mp.start_processes(_worker, args=(_free_port(), out), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"P-Reduce workers still running after {JOIN_TIMEOUT_S:.0f} s")
+    return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
+
+
+def _before(states: list[dict[str, list[torch.Tensor]]], variant: str, i: int, rank: int):
+    return _initial(rank) if i == 0 else states[rank][variant][i - 1]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_members_get_the_exact_average_and_others_keep_theirs(states, variant):
+    for i, groups in enumerate(SCHEDULE):
+        members = {r for group in groups for r in group if len(group) > 1}
+        for group in groups:
+            mean = torch.stack([_before(states, variant, i, r).double() for r in group]).mean(0)
+            for r in group:
+                error = (states[r][variant][i].double() - mean).abs().max().item()
+                assert error < 1e-6, f"round {i}, group {group}, rank {r}: error {error}"
+        for r in set(range(WORLD)) - members:
+            assert torch.equal(states[r][variant][i], _before(states, variant, i, r))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_members_end_bit_identical(states, variant):
+    for i, groups in enumerate(SCHEDULE):
+        for group in groups:
+            first = states[group[0]][variant][i]
+            assert all(torch.equal(states[r][variant][i], first) for r in group), (i, group)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_member_group_is_a_local_no_op(kind):
+    """No process group exists here: any communication would raise."""
+    flat = _initial(3)
+    expected = flat.clone()
+    make_preducer(kind, rank=3, world=8, store=dist.HashStore()).average(flat, (3,))
+    assert torch.equal(flat, expected)
+
+
+@pytest.mark.parametrize("group", [(0, 2), (3, 1), (1, 1), (1, 8)])
+def test_bad_groups_are_refused(group):
+    with pytest.raises(ValueError, match="sorted distinct ranks"):
+        make_preducer("mesh", rank=1, world=8).average(torch.zeros(4), group)
+
+
+def test_bad_kind_or_missing_store_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown P-Reduce kind 'x'"):
+        make_preducer("x", rank=0, world=2)
+    with pytest.raises(ConfigError, match="needs a store"):
+        make_preducer("subgroup", rank=0, world=2)
