@@ -13,10 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetsync.cores.group_generator import POLICIES
 from hetsync.cores.hop import MODES as HOP_MODES
 from hetsync.errors import ConfigError
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
+from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +32,10 @@ _CHOICES = {
     "weights": WEIGHTS,
     "adpsgd_mode": ("bipartite", "naive"),
     "hop_mode": HOP_MODES,
+    "schedule": ("random", "static"),
+    "gg_policy": POLICIES,
+    "group_buffer_mode": ("queue", "batch"),
+    "preduce": PREDUCE_KINDS,
     "backend": ("auto", "gloo", "nccl"),
 }
 
@@ -69,6 +75,24 @@ class RunConfig:
     """Hop: skip only when at least this many iterations would be skipped."""
     hop_mode: str = "queues"
     """Hop: queues (token and update queues) or notify-ack (the design Hop improves on)."""
+    group_size: int = 3
+    """Prague: workers per group (random groups)."""
+    schedule: str = "random"
+    """Prague: random (groups from the Group Generator) or static (a fixed periodic schedule)."""
+    gg_policy: str = "random"
+    """Prague: random (the paper's) or ready (groups of workers that are waiting)."""
+    group_buffer: bool = False
+    """Prague: Group Buffer, to cut conflicts (see group_buffer_mode)."""
+    group_buffer_mode: str = "queue"
+    """Prague: which reading of Group Buffer: queue (recommended) or batch."""
+    group_division: int = 1
+    """Prague: Group Division, groups form within K divisions of the workers."""
+    ready_wait: float = 20.0
+    """Prague, ready policy: ms the GG waits for a full group before grouping who waits."""
+    preduce: str = "mesh"
+    """Prague: P-Reduce implementation: mesh, ring, leader or subgroup."""
+    workers_per_node: int | None = None
+    """Prague, static schedule: node size for the node-aware schedule (None: power-of-two)."""
     seed: int = 0
     batch_size: int | None = None
     lr: float | None = None
@@ -104,11 +128,12 @@ class RunConfig:
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "backup", "staleness"):
+                     "backup", "staleness", "ready_wait"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples", "max_gap", "skip_threshold"):
+        for name in ("max_iterations", "batch_size", "eval_samples", "max_gap", "skip_threshold",
+                     "group_size", "group_division"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")

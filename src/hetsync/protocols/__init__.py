@@ -23,6 +23,7 @@ BUILTIN_MODULES = (
     "hetsync.protocols.adpsgd",
     "hetsync.protocols.ps",
     "hetsync.protocols.hop",
+    "hetsync.protocols.prague",
 )
 
 _REGISTRY: dict[str, type[Protocol]] = {}

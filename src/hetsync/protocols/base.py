@@ -46,8 +46,9 @@ class Step:
     bytes_sent: int = 0
     skip_optimizer_step: bool = False
     """Set by protocols whose update is applied elsewhere (the parameter server's)."""
-    extra: dict[str, float] = field(default_factory=dict)
-    """Protocol-specific figures logged with the row (e.g. a parameter server's staleness)."""
+    extra: dict[str, float | list[list[int]]] = field(default_factory=dict)
+    """Protocol-specific figures logged with the row (e.g. a parameter server's staleness,
+    the groups a Prague worker averaged with)."""
     on_begin_sync: Callable[[Step], None] | None = None
     on_phase: Callable[[str], None] | None = None
     _synced: bool = False

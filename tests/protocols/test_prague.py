@@ -1,0 +1,109 @@
+"""Prague on real processes: conservation and consensus, thousands of P-Reduces in one global
+order under random delays, static schedules stopping together, learning on real workloads."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.launch.launcher import run
+from hetsync.metrics.summary import read_jsonl
+from hetsync.workloads.datasets import FASHION_MNIST_DIRS
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parents[1] / "launch" / "scripts" / "conservation.py"
+HAS_FASHION = any(d.is_dir() for d in FASHION_MNIST_DIRS)
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"schedule": "static"}, {"gg_policy": "ready", "group_size": 2}],
+    ids=["random groups", "static schedule", "ready groups"],
+)
+def test_zero_lr_conserves_the_sum_and_reaches_consensus(options, tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    run(RunConfig(protocol="prague", workers=4, max_iterations=120, out=out, quiet=True,
+                  script=[str(SCRIPT), str(out)], **options))
+    saved = [torch.load(out / f"final_rank{r}.pt") for r in range(4)]
+    initial = torch.stack([s["initial"] for s in saved])
+    final = torch.stack([s["final"] for s in saved])
+    assert torch.allclose(final.sum(0), initial.sum(0), atol=1e-5)
+    assert (final - final.mean(0)).abs().max() < 1e-4 * (initial - initial.mean(0)).abs().max()
+
+
+def groups_run(run_dir: Path, workers: int) -> dict[int, list[list[int]]]:
+    """Per rank, the groups ([id, *members]) it averaged with, in the order it ran them."""
+    return {r: [g for row in read_jsonl(run_dir / "workers" / f"rank{r}.jsonl")
+                for g in row.get("groups", [])] for r in range(workers)}
+
+
+CASES = {  # options, and the fewest distinct groups 8 x 260 requests must have formed
+    "size 2": ({"group_size": 2}, 2000),
+    "size 3, group buffer": ({"group_size": 3, "group_buffer": True}, 600),
+    "size 4, division 2": ({"group_size": 4, "group_division": 2}, 2000),
+    "size 3, ready": ({"group_size": 3, "gg_policy": "ready"}, 600),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASES)
+def test_thousands_of_preduces_in_one_order_with_random_delays(case, train_run):
+    result = train_run(protocol="prague", workers=8, max_iterations=260, step_time=2.0,
+                       slowdown="random:p=0.1,factor=4", stop_at_target=False, eval_every=60,
+                       label=case.replace(" ", ""), **CASES[case][0])
+    runs = groups_run(result.run_dir, 8)
+    members_of: dict[int, tuple[int, ...]] = {}
+    ran_by: dict[int, set[int]] = defaultdict(set)
+    for rank, groups in runs.items():
+        ids = [g[0] for g in groups]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids), f"rank {rank} left the order"
+        for gid, *members in groups:
+            assert members_of.setdefault(gid, tuple(members)) == tuple(members)
+            ran_by[gid].add(rank)
+    assert all(ran_by[gid] == set(members) for gid, members in members_of.items())
+    assert len(members_of) >= CASES[case][1]
+    stats = json.loads((result.run_dir / "group_generator.json").read_text())
+    assert stats["groups"] == len(members_of)
+    if CASES[case][0].get("gg_policy") == "ready":
+        assert stats["conflicts"] == 0
+
+
+def test_static_schedule_workers_stop_after_the_same_step(train_run):
+    result = train_run(protocol="prague", schedule="static", workers=6, max_time=3,
+                       step_time=2.0, slowdown="random:p=0.2,factor=4", stop_at_target=False,
+                       eval_every=60)
+    assert len(set(result.summary["iterations"])) == 1
+    groups = groups_run(result.run_dir, 6)
+    for step in range(len(groups[0])):
+        partition = {tuple(g[1:]) for r in range(6) for g in groups[r][step:step + 1]}
+        assert sorted(r for part in partition for r in part) == list(range(6))
+
+
+@pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
+@pytest.mark.parametrize("workload", ["svm", "cnn"])
+def test_loss_falls_on_real_workloads(workload, train_run):
+    result = train_run(protocol="prague", workload=workload, workers=8, max_time=10,
+                       group_buffer=True, slowdown="random:p=0.1,factor=4",
+                       stop_at_target=False, eval_every=2.0, label=f"prague-{workload}")
+    consensus = [r for r in read_jsonl(result.run_dir / "eval.jsonl") if r["model"] == "consensus"]
+    assert result.summary["final_loss"] < 0.8 * consensus[0]["loss"]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"group_size": 9}, "--group-size must be in 1..8"),
+     ({"group_division": 3, "group_size": 4}, "divisions"),
+     ({"gg_policy": "ready", "group_buffer": True}, "buffer"),
+     ({"gg_policy": "fastest"}, "--gg-policy must be random or ready"),
+     ({"preduce": "tree"}, "--preduce must be mesh or ring or leader or subgroup"),
+     ({"backend": "nccl"}, "needs gloo"),
+     ({"schedule": "static", "workers_per_node": 0}, "--workers-per-node must be >= 1")],
+)
+def test_bad_options_are_refused_before_anything_starts(options, match):
+    with pytest.raises(ConfigError, match=match):
+        RunConfig(protocol="prague", workers=8, **options).validate()
