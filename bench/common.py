@@ -33,16 +33,19 @@ def _percent(fraction: float | None) -> str:
 
 
 def run_matrix(
-    args: argparse.Namespace, settings: dict[str, str], variants: list[Variant]
+    args: argparse.Namespace,
+    settings: dict[str, str],
+    variants: list[Variant] | dict[str, list[Variant]],
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """Run every variant under every slowdown setting; print the table; write the report.
+    """Run every variant under every slowdown setting (or the setting's own list of variants);
+    print the table; write the report.
 
     Ratios are to the first variant of the same setting (speed-up = its time to target over
     this one's; throughput = this one's samples/s over its)."""
     results: dict[tuple[str, str], dict[str, Any]] = {}
     dirs = []
     for setting, slowdown in settings.items():
-        for label, options in variants:
+        for label, options in variants[setting] if isinstance(variants, dict) else variants:
             name = f"{label}-{setting.replace(' ', '-')}"
             config = RunConfig(**{
                 "workload": args.workload, "workers": args.workers, "step_time": args.step_time,
@@ -54,15 +57,15 @@ def run_matrix(
             dirs.append(args.out / name)
             print(f"done {name}: {summary['samples_per_s']:.0f} samples/s, "
                   f"time to target {summary['time_to_target_s']}", flush=True)
-    first = variants[0][0]
+    firsts = {setting: label for setting, label in reversed(results)}
     target = next(iter(results.values()))["target_loss"]
     print(f"\n{args.workload}, {args.workers} workers, step {args.step_time:g} ms, target loss "
-          f"{target}; ratios to {first} in the same setting")
+          f"{target}; ratios to the first protocol of the same setting")
     print(f"{'setting':14s} {'protocol':18s} {'samples/s':>10s} {'to target (s)':>14s} "
           f"{'throughput':>11s} {'speed-up':>9s} {'of ideal':>9s} {'sync wait':>10s} "
           f"{'final acc':>10s}")
     for (setting, label), s in results.items():
-        base = results[(setting, first)]
+        base = results[(setting, firsts[setting])]
         ttt = s["time_to_target_s"]
         print(f"{setting:14s} {label:18s} {s['samples_per_s']:10.0f} "
               f"{(f'{ttt:.1f}' if ttt else 'not reached'):>14s} "

@@ -8,7 +8,7 @@ to skip). Prints time to target, throughput and the fraction of the ideal throug
 of the workers' own speeds), with ratios to D-PSGD in the same setting, and writes the report
 with per-worker iterations against time. Not part of the tests: about 25 minutes.
 
-    python bench/hop.py [--workload cnn] [--max-time 90] [--out runs/bench-hop]
+    python bench/hop.py [--workload cnn] [--max-time 120] [--out runs/bench-hop]
 """
 
 from __future__ import annotations
@@ -32,5 +32,5 @@ VARIANTS = [
 
 if __name__ == "__main__":
     args = parser(__doc__.splitlines()[0], "runs/bench-hop")
-    args.set_defaults(max_time=90.0)
+    args.set_defaults(max_time=120.0)
     run_matrix(args.parse_args(), SETTINGS, VARIANTS)
