@@ -29,7 +29,7 @@ BASELINES = [
     ("ps-async", {"protocol": "ps", "ps_mode": "async"}),
     ("adpsgd", {"protocol": "adpsgd", "topology": "ring"}),
 ]
-PRAGUE = {"protocol": "prague", "group_size": 3}
+PRAGUE = {"protocol": "prague", "group_size": 3, "gg_policy": "random"}
 VARIANTS = {
     "homogeneous": BASELINES + [
         ("prague-static", {**PRAGUE, "schedule": "static"}),
@@ -37,7 +37,7 @@ VARIANTS = {
     ],
     "one 5x slow": BASELINES + [
         ("prague-random", PRAGUE),
-        ("prague-ready", {**PRAGUE, "gg_policy": "ready"}),
+        ("prague-ready", {**PRAGUE, "gg_policy": "ready"}),  # the default
         ("prague-buffer", {**PRAGUE, "group_buffer": True}),
         ("prague-division2", {**PRAGUE, "group_division": 2}),
     ],

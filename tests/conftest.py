@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import torch
 
 from hetsync.config import RunConfig
 from hetsync.launch.launcher import RunResult, run
+from hetsync.metrics.summary import read_jsonl
 
 
 @pytest.fixture
@@ -20,3 +24,38 @@ def train_run(tmp_path):
         return run(RunConfig(**{**defaults, **options}))
 
     return start
+
+
+CONSERVATION_SCRIPT = Path(__file__).parent / "launch" / "scripts" / "conservation.py"
+
+
+@pytest.fixture
+def check_zero_lr_consensus(tmp_path):
+    """Run the conservation script (lr 0, each rank from its own model) under `options`: the
+    sum of the models must be conserved and the models must converge to their average."""
+
+    def check(workers: int = 4, **options: object) -> None:
+        out = tmp_path / "zero-lr"
+        out.mkdir()
+        run(RunConfig(workers=workers, script=[str(CONSERVATION_SCRIPT), str(out)], out=out,
+                      quiet=True, **options))
+        saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
+        initial = torch.stack([s["initial"] for s in saved])
+        final = torch.stack([s["final"] for s in saved])
+        assert torch.allclose(final.sum(0), initial.sum(0), atol=1e-5)
+        spread = (final - final.mean(0)).abs().max()
+        assert spread < 1e-4 * (initial - initial.mean(0)).abs().max()
+
+    return check
+
+
+def consensus_loss_fell(result: RunResult, factor: float = 0.8) -> bool:
+    """The final model's held-out loss is below `factor` x the first consensus evaluation's."""
+    evals = read_jsonl(result.run_dir / "eval.jsonl")
+    first = next(row for row in evals if row["model"] == "consensus")
+    return result.summary["final_loss"] < factor * first["loss"]
+
+
+@pytest.fixture
+def loss_fell():
+    return consensus_loss_fell

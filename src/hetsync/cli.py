@@ -51,7 +51,7 @@ _RUN_HELP = {
     "hop_mode": "Hop: queues (token and update queues) or notify-ack (for comparison)",
     "group_size": "Prague: workers per group",
     "schedule": "Prague: random (Group Generator) or static (fixed periodic partitions)",
-    "gg_policy": "Prague: random groups (the paper's) or ready (groups of waiting workers)",
+    "gg_policy": "Prague: ready (groups of waiting workers, default) or random (the paper's)",
     "group_buffer": "Prague: Group Buffer (fewer conflicts; see --group-buffer-mode)",
     "group_buffer_mode": "Prague: queue (recommended) or batch reading of Group Buffer",
     "group_division": "Prague: Group Division, groups form within K divisions",

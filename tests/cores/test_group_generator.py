@@ -340,14 +340,10 @@ def _busy_generator() -> GroupGeneratorCore:
     ids=["unknown-rank", "second-request", "iteration-goes-back", "unknown-group",
          "request-after-leaving", "not-an-event"],
 )
-def test_broken_invariants_raise_and_leave_the_generator_in_error(events, error, match):
-    gg = _busy_generator()
-    with pytest.raises(error, match=match):
-        for event in events:
-            gg.handle(event)
-    assert gg.state is GeneratorState.ERROR
-    with pytest.raises(LocalProtocolError, match="ERROR"):
-        gg.handle(WaitTimedOut())
+def test_broken_invariants_raise_and_leave_the_generator_in_error(
+    events, error, match, assert_refused
+):
+    assert_refused(_busy_generator(), events, error, match, then=WaitTimedOut())
 
 
 def test_finishing_out_of_order_or_as_a_non_member_is_a_remote_error():

@@ -147,14 +147,10 @@ def test_a_neighbour_that_left_is_not_waited_for():
     ids=["finish before start", "finish the wrong iteration", "update from a stranger",
          "repeated tag", "tag beyond the gap", "too many tokens"],
 )
-def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(events, error, match):
-    core = ring_core(max_gap=4)
-    with pytest.raises(error, match=match):
-        for event in events:
-            core.handle(event)
-    assert core.state is State.ERROR
-    with pytest.raises(LocalProtocolError, match="ERROR"):
-        core.handle(ReadyToStart())
+def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(
+    events, error, match, assert_refused
+):
+    assert_refused(ring_core(max_gap=4), events, error, match, then=ReadyToStart())
 
 
 @pytest.mark.parametrize(

@@ -127,14 +127,10 @@ def test_a_group_of_one_is_run_like_any_other():
          "not-an-event", "group-without-me", "answer-without-request", "out-of-order",
          "assigned-twice", "after-leaving"],
 )
-def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(events, error, match):
-    core = _core()
-    with pytest.raises(error, match=match):
-        for event in events:
-            core.handle(event)
-    assert core.state is WorkerState.ERROR
-    with pytest.raises(LocalProtocolError, match="rank 0: core is in ERROR"):
-        core.handle(StepFinished(iteration=1))
+def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(
+    events, error, match, assert_refused
+):
+    assert_refused(_core(), events, error, match, then=StepFinished(iteration=1))
 
 
 def test_bad_rank_and_bare_protocol_errors_are_rejected():

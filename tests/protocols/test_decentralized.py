@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
-import torch
 
 from hetsync.config import RunConfig
 from hetsync.errors import WorkerFailed
@@ -15,27 +13,16 @@ from hetsync.metrics.summary import read_jsonl
 from hetsync.workloads.datasets import FASHION_MNIST_DIRS
 
 pytestmark = pytest.mark.integration
-SCRIPT = Path(__file__).parents[1] / "launch" / "scripts" / "conservation.py"
 HAS_FASHION = any(d.is_dir() for d in FASHION_MNIST_DIRS)
-
-
-def _final_models(out: Path, workers: int) -> tuple[torch.Tensor, torch.Tensor]:
-    saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
-    return torch.stack([s["initial"] for s in saved]), torch.stack([s["final"] for s in saved])
 
 
 @pytest.mark.parametrize(
     ("protocol", "topology"), [("dpsgd", "ring"), ("dpsgd", "exponential"), ("adpsgd", "ring")]
 )
-def test_zero_lr_conserves_the_sum_and_reaches_consensus(protocol, topology, tmp_path):
-    out = tmp_path / "run"
-    out.mkdir()
-    run(RunConfig(protocol=protocol, topology=topology, workers=4, max_iterations=150,
-                  script=[str(SCRIPT), str(out)], out=out, quiet=True))
-    initial, final = _final_models(out, 4)
-    assert torch.allclose(final.sum(0), initial.sum(0), atol=1e-5)
-    spread = (final - final.mean(0)).abs().max()
-    assert spread < 1e-4 * (initial - initial.mean(0)).abs().max()
+def test_zero_lr_conserves_the_sum_and_reaches_consensus(
+    protocol, topology, check_zero_lr_consensus
+):
+    check_zero_lr_consensus(protocol=protocol, topology=topology, max_iterations=150)
 
 
 def test_dpsgd_stops_together_under_random_slowdown(train_run):
@@ -70,9 +57,8 @@ def test_naive_adpsgd_deadlocks_and_is_caught(tmp_path):
     [("dpsgd", {}), ("adpsgd", {}), ("ps", {"ps_mode": "sync"}), ("ps", {"ps_mode": "async"})],
 )
 @pytest.mark.parametrize("workload", ["svm", "cnn"])
-def test_loss_falls_on_real_workloads(protocol, options, workload, train_run):
+def test_loss_falls_on_real_workloads(protocol, options, workload, train_run, loss_fell):
     result = train_run(protocol=protocol, workload=workload, workers=4, max_time=8,
                        stop_at_target=False, eval_every=2.0, label=f"{protocol}-{workload}",
                        **options)
-    consensus = [r for r in read_jsonl(result.run_dir / "eval.jsonl") if r["model"] == "consensus"]
-    assert result.summary["final_loss"] < 0.8 * consensus[0]["loss"]
+    assert loss_fell(result)

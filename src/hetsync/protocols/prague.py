@@ -100,6 +100,9 @@ class Prague(Protocol):
                 raise ConfigError(f"--workers-per-node must be >= 1 (got {per_node})")
             validate_period(config.workers, static_schedule(config.workers, per_node))
             return
+        if config.group_buffer and config.gg_policy != "random":
+            raise ConfigError("--group-buffer applies to --gg-policy random (ready groups never "
+                              "conflict): add --gg-policy random")
         try:
             _generator(config)
         except ValueError as error:
