@@ -23,13 +23,17 @@ def _rows(run_dir: Path, rank: int) -> list[dict]:
 
 def test_with_nothing_relaxed_hop_computes_dpsgds_iterates(train_run):
     common = {"workers": 4, "max_iterations": 40, "stop_at_target": False, "seed": 3}
-    hop = train_run(protocol="hop", label="hop", **common)
-    dpsgd = train_run(protocol="dpsgd", label="dpsgd", **common)
+    runs = {
+        "dpsgd": train_run(protocol="dpsgd", label="dpsgd", **common),
+        "hop": train_run(protocol="hop", label="hop", **common),
+        "notify-ack": train_run(protocol="hop", hop_mode="notify-ack", label="ack", **common),
+    }
     for rank in range(4):
-        a = [r["loss"] for r in _rows(hop.run_dir, rank)]
-        b = [r["loss"] for r in _rows(dpsgd.run_dir, rank)]
-        assert len(a) == len(b) == 40
-        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+        losses = {name: [r["loss"] for r in _rows(result.run_dir, rank)]
+                  for name, result in runs.items()}
+        assert len(losses["dpsgd"]) == 40
+        assert losses["hop"] == pytest.approx(losses["dpsgd"], rel=1e-5, abs=1e-6)
+        assert losses["notify-ack"] == pytest.approx(losses["dpsgd"], rel=1e-5, abs=1e-6)
 
 
 def test_zero_lr_conserves_the_sum_and_reaches_consensus(check_zero_lr_consensus):
@@ -61,7 +65,6 @@ def check_invariants_from_logs(run_dir: Path, config: RunConfig) -> None:
 
 VARIANTS = {
     "standard": {"max_gap": 2},
-    "notify-ack": {"hop_mode": "notify-ack"},
     "backup": {"backup": 1, "max_gap": 3},
     "staleness": {"staleness": 2, "max_gap": 3},
     "backup+skip": {"backup": 1, "skip": True, "max_gap": 4},
@@ -84,24 +87,21 @@ def test_eight_workers_with_random_delays_keep_hops_invariants(variant, train_ru
 
 
 def test_a_persistently_slow_worker_skips_and_no_longer_holds_back_the_ring(train_run):
-    common = {"workers": 6, "max_time": 6, "step_time": 10.0, "stop_at_target": False,
-              "eval_every": 60,
-              "slowdown": "deterministic:ranks=2,factor=6", "backup": 1, "max_gap": 6}
-    plain = train_run(protocol="hop", label="backup", **common)
-    skipping = train_run(protocol="hop", label="skip", skip=True, **common)
-    tags = [r["tag"] for r in _rows(skipping.run_dir, 2)]
-    assert any(r.get("skipped") for r in _rows(skipping.run_dir, 2))
-    assert tags[-1] > 2 * len(tags), "the slow worker covers iterations it never computes"
-    fast = [r for r in range(6) if r != 2]
-    plain_fast = min(plain.summary["iterations"][r] for r in fast)
-    skip_fast = min(skipping.summary["iterations"][r] for r in fast)
-    assert skip_fast > 1.5 * plain_fast
+    result = train_run(protocol="hop", workers=6, max_time=6, step_time=10.0, backup=1,
+                       max_gap=6, skip=True, slowdown="deterministic:ranks=2,factor=6",
+                       stop_at_target=False, eval_every=60)
+    rows = _rows(result.run_dir, 2)
+    assert any(r.get("skipped") for r in rows)
+    assert rows[-1]["tag"] > 2 * len(rows), "the slow worker covers iterations it never computes"
+    # Without skipping the token bound keeps everyone within max_gap of the slow worker.
+    fast = [n for r, n in enumerate(result.summary["iterations"]) if r != 2]
+    assert min(fast) > 2.5 * len(rows) and min(fast) > len(rows) + 6
 
 
 @pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
 @pytest.mark.parametrize("workload", ["svm", "cnn"])
 def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
-    result = train_run(protocol="hop", workload=workload, workers=8, max_time=10, backup=1,
+    result = train_run(protocol="hop", workload=workload, workers=8, max_time=7, backup=1,
                        skip=True, slowdown="random:p=0.1,factor=4", stop_at_target=False,
                        eval_every=2.0, label=f"hop-{workload}")
     assert loss_fell(result)

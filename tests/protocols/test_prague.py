@@ -76,7 +76,7 @@ def test_static_schedule_workers_stop_after_the_same_step(train_run):
 @pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
 @pytest.mark.parametrize("workload", ["svm", "cnn"])
 def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
-    result = train_run(protocol="prague", workload=workload, workers=8, max_time=10,
+    result = train_run(protocol="prague", workload=workload, workers=8, max_time=7,
                        slowdown="random:p=0.1,factor=4",
                        stop_at_target=False, eval_every=2.0, label=f"prague-{workload}")
     assert loss_fell(result)
