@@ -15,6 +15,7 @@ from typing import Any
 
 from hetsync.cores.group_generator import POLICIES
 from hetsync.cores.hop import MODES as HOP_MODES
+from hetsync.cores.hop import HopConfig
 from hetsync.errors import ConfigError
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
@@ -26,6 +27,8 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = ["RunConfig", "load_toml"]
+
+_HOP = HopConfig()  # Hop's defaults, defined once in its core
 
 _CHOICES = {
     "ps_mode": ("sync", "async"),
@@ -63,17 +66,17 @@ class RunConfig:
     """Parameter server: sync (wait for every worker) or async (apply each gradient)."""
     adpsgd_mode: str = "bipartite"
     """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
-    max_gap: int = 8
+    max_gap: int = _HOP.max_gap
     """Hop: tokens per edge, the most iterations a worker may run ahead of an out-neighbour."""
-    backup: int = 0
+    backup: int = _HOP.backup
     """Hop: in-neighbours a worker need not wait for in each iteration."""
-    staleness: int = 0
+    staleness: int = _HOP.staleness
     """Hop: how many iterations old an in-neighbour's update may be and still be used."""
-    skip: bool = False
+    skip: bool = _HOP.skip
     """Hop: a worker behind its in-neighbours jumps to their newest iteration."""
-    skip_threshold: int = 1
+    skip_threshold: int = _HOP.skip_threshold
     """Hop: skip only when at least this many iterations would be skipped."""
-    hop_mode: str = "queues"
+    hop_mode: str = _HOP.mode
     """Hop: queues (token and update queues) or notify-ack (the design Hop improves on)."""
     group_size: int = 3
     """Prague: workers per group (random groups)."""
