@@ -263,6 +263,4 @@ class Hop(Protocol):
         for thread in self._threads:
             thread.join()
         while not self.inbox.empty():
-            event, _ = self.inbox.get_nowait()
-            if isinstance(event, BaseException):
-                raise RuntimeError(f"hop receiver thread failed: {event!r}") from event
+            self._unpack(self.inbox.get_nowait())  # raises what a receiver thread hit

@@ -153,8 +153,8 @@ class Prague(Protocol):
                 group = decision.group
                 step.extra.setdefault("groups", []).append([group.id, *group.members])
                 self._preduce(group.members, step)
-                self._to_gg(_FINISHED, decision.group.id, 0.0)
-                decisions += self.core.handle(PReduceFinished(group_id=decision.group.id))
+                self._to_gg(_FINISHED, group.id, 0.0)
+                decisions += self.core.handle(PReduceFinished(group_id=group.id))
             elif isinstance(decision, (StartStep, Leave)):
                 step.stop = isinstance(decision, Leave)
                 return
@@ -257,7 +257,6 @@ class _GroupGeneratorService:
         self.inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
         self.error: BaseException | None = None
         self.ready_wait = ready_wait
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
         self.threads = [threading.Thread(target=self._serve, name="prague-gg", daemon=True)]
         if self.world > 1:
             self.threads.append(threading.Thread(target=self._receive, name="prague-gg-recv",
@@ -297,8 +296,6 @@ class _GroupGeneratorService:
                     self._send_all(self.core.handle(event))
                 else:
                     self._send_all(self.core.handle(GroupFinished(group_id=value, rank=rank)))
-            for work, _ in self._sends:
-                work.wait()
         except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
             self.error = error
 
@@ -306,19 +303,22 @@ class _GroupGeneratorService:
         for assign in assignments:
             if assign.rank == 0:
                 self.deliver(assign)
-                continue
-            members = assign.group.members
-            message = torch.full((3 + self.world,), -1.0)
-            message[:3] = torch.tensor([assign.group.id, float(assign.answers_request),
-                                        len(members)])
-            message[3 : 3 + len(members)] = torch.tensor(members, dtype=torch.float32)
-            self._sends.append((dist.isend(message, assign.rank, tag=_FROM_GG), message))
+            else:
+                self._send(assign.rank, assign.group, assign.answers_request)
 
     def _end(self, rank: int) -> None:
         """`rank` said goodbye: end its assignment channel."""
         if rank > 0:
-            message = torch.full((3 + self.world,), -1.0)
-            self._sends.append((dist.isend(message, rank, tag=_FROM_GG), message))
+            self._send(rank, None, False)
+
+    def _send(self, rank: int, group: Group | None, answers_request: bool) -> None:
+        """One assignment (or, with no group, the end marker). A blocking send returns at
+        once: the worker's receiver thread always waits for the next one."""
+        message = torch.full((3 + self.world,), -1.0)
+        if group is not None:
+            message[:3] = torch.tensor([group.id, float(answers_request), len(group.members)])
+            message[3 : 3 + len(group.members)] = torch.tensor(group.members)
+        dist.send(message, rank, tag=_FROM_GG)
 
     def raise_error(self) -> None:
         if self.error is not None:
