@@ -35,7 +35,8 @@ averaged there, so a new group would only add a conflict.
   of at most `group_size` and hands each requester its group from it; a requester whose group
   was already handed out gets a freshly drawn partition. Groups of one partition never
   conflict, but a partition ignores who is busy.
-In a simulation of 16 workers, group size 3, two of them 4x slower, conflicts per group were
+In a one-off simulation of these cores (16 workers, group size 3, two of them 4x slower; the
+test `test_group_buffer_cuts_conflicts_queue_most` checks only the order), conflicts per group were
 0.88 (`off`), 0.46 (`batch`), 0.09 (`queue`) and 0 (policy `ready`), with 3.0, 1.3, 1.05 and
 1.0 P-Reduces per step, and the median worker finished 1.0, 0.58, 0.47 and 0.30 times as late
 as with `off`. So `queue` is the random policy's choice for heterogeneous clusters.
