@@ -1,4 +1,4 @@
-"""The `hetsync` command: train, launch, report.
+"""The `hetsync` command: train, launch, report, bench.
 
 Every option is checked before any process is spawned; a wrong one is reported in one line
 naming the problem (exit status 2). A failed run names the failed worker (exit status 1).
@@ -102,14 +102,75 @@ def build_parser() -> argparse.ArgumentParser:
     report = sub.add_parser("report", help="plots and a table from run directories")
     report.add_argument("runs", nargs="+", type=Path, help="run directories")
     report.add_argument("--out", type=Path, required=True, help="folder for plots and report.md")
-    demo = sub.add_parser("demo", help="allreduce vs ddp, 8 workers, one 4x slow, + report")
+    _add_bench_parser(sub)
+    demo = sub.add_parser("demo", help="the default bench at a small size (4 workers, 30 s runs)")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder")
-    demo.add_argument("--workers", type=int, default=8, help="number of workers")
-    demo.add_argument("--max-time", type=float, default=40.0, help="seconds per run")
-    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.add_argument("--workers", type=int, default=4, help="number of workers")
+    demo.add_argument("--max-time", type=float, default=30.0, help="seconds per run at most")
     sub.add_parser("protocols", help="list the available protocols")
     sub.add_parser("workloads", help="list the built-in workloads")
     return parser
+
+
+def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    from hetsync.bench.suites import SUITES
+
+    bench = sub.add_parser(
+        "bench", help="run a benchmark suite: every protocol side by side, tables and plots",
+        description="Run a suite of the papers' comparisons into --out: results.json, "
+        "results.md and plots. Without --suite: the headline suite (under 10 minutes).",
+    )
+    bench.add_argument("--suite", choices=list(SUITES), help="which suite (default: headline)")
+    bench.add_argument("--out", type=Path, help="suite folder (default: runs/bench-SUITE)")
+    bench.add_argument("--workload", help="cnn or svm (or another built-in; default: cnn)")
+    bench.add_argument("--repeats", type=int, help="runs per protocol and setting, with "
+                       "seeds SEED..SEED+R-1; the median is reported (default: 1)")
+    bench.add_argument("--workers", type=int, help="workers where the suite does not say "
+                       "(default: 8)")
+    bench.add_argument("--step-time", type=float, help="emulated compute per iteration, ms "
+                       "(default: 50)")
+    bench.add_argument("--max-time", type=float, help="seconds per run at most (default: the "
+                       "suite's)")
+    bench.add_argument("--target-loss", type=float, help="target loss (default: the suite's "
+                       "for the workload, else the workload's)")
+    bench.add_argument("--seed", type=int, help="first seed (default: 0)")
+    bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
+                       "--out without redoing its finished runs")
+    bench.add_argument("--list", action="store_true", help="list the suites and exit")
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from hetsync.bench.command import bench
+    from hetsync.bench.runner import BenchOptions, recorded_options
+    from hetsync.bench.suites import describe_suites
+
+    if args.list:
+        print(describe_suites())
+        return 0
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchOptions)
+             if getattr(args, f.name) is not None}
+    out = args.out or Path(f"runs/bench-{given.get('suite', BenchOptions.suite)}")
+    recorded = recorded_options(out) if args.resume else None
+    if recorded is not None:
+        options = dataclasses.replace(recorded, **given)
+    else:
+        options = BenchOptions(**given)
+        if "workload" not in given:
+            options = dataclasses.replace(options, workload=_default_workload())
+    bench(options, out, resume=args.resume)
+    return 0
+
+
+def _default_workload() -> str:
+    """cnn, or digits where Fashion-MNIST is not installed (with a note)."""
+    from hetsync.workloads import get_workload
+
+    try:
+        get_workload("cnn").load(None)
+    except ConfigError as error:
+        print(f"note: {error}; using --workload digits instead", file=sys.stderr)
+        return "digits"
+    return "cnn"
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -154,10 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             path = write_report(args.runs, args.out)
             print(f"report: {path}\nplots: {args.out}/*.png")
             return 0
+        if args.command == "bench":
+            return _bench(args)
         if args.command == "demo":
             from hetsync.demo import run_demo
 
-            run_demo(args.out, args.workers, args.max_time, args.quiet)
+            run_demo(args.out, args.workers, args.max_time, _default_workload())
             return 0
         config = config_from_args(args)
         if args.command == "train" and _under_torchrun():
@@ -177,6 +240,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         print("hetsync: interrupted; all workers stopped", file=sys.stderr)
+        if args.command == "bench":
+            print("hetsync: finished runs are kept: add --resume to the same command to go on",
+                  file=sys.stderr)
         return 130
     _print_result(result.run_dir, result.summary)
     return 0

@@ -1,0 +1,44 @@
+"""Run a suite and write its results: what `hetsync bench` does."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+from hetsync.bench.markdown import headline_lines, setting_table, write_markdown
+from hetsync.bench.results import collect, write_results
+from hetsync.bench.runner import BenchOptions, run_suite
+from hetsync.bench.suites import get_suite
+
+__all__ = ["bench", "command_line"]
+
+
+def command_line(options: BenchOptions, out: Path) -> str:
+    """The `hetsync bench` command that regenerates these results."""
+    defaults = BenchOptions()
+    parts = ["hetsync bench"]
+    for f in fields(options):
+        value = getattr(options, f.name)
+        if value != getattr(defaults, f.name):
+            parts.append(f"--{f.name.replace('_', '-')} {value:g}" if isinstance(value, float)
+                         else f"--{f.name.replace('_', '-')} {value}")
+    parts.append(f"--out {out}")
+    return " ".join(parts)
+
+
+def bench(options: BenchOptions, out: Path, resume: bool = False,
+          show_run_progress: bool | None = None) -> Path:
+    """Run (or finish) a suite into `out`, write results.json and results.md, print the
+    tables; return the path of results.md."""
+    runs = run_suite(options, out, resume, show_run_progress)
+    suite = get_suite(options.suite)
+    results = collect(suite, options, runs, out)
+    write_results(results, out)
+    report = write_markdown(results, runs, out, command_line(options, out))
+    print()
+    for setting in results["settings"]:
+        print(f"{setting['name']} ({setting['workers']} workers, slowdown {setting['slowdown']})")
+        print(setting_table(setting))
+    print("\n".join(headline_lines(results)).replace("**", ""))
+    print(f"\nresults: {out / 'results.json'}\nreport:  {report}")
+    return report

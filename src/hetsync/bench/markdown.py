@@ -1,0 +1,128 @@
+"""results.md: the headline, one table per setting, and the plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hetsync.bench.plots import plot_speedups
+from hetsync.bench.runner import PlannedRun
+from hetsync.report import write_report
+from hetsync.report.plots import slug
+from hetsync.report.table import MISSING, percent, sig
+
+__all__ = ["format_speedup", "headline_lines", "setting_table", "write_markdown"]
+
+_COLUMNS = ("protocol", "time to target (s)", "speed-up vs allreduce", "speed-up vs ddp",
+            "samples/s", "throughput vs allreduce", "of ideal", "final accuracy", "sync wait")
+
+
+def format_speedup(ratio: dict[str, Any] | None) -> str:
+    if ratio is None:
+        return MISSING
+    prefix = {"exact": "", "at least": "≥ ", "at most": "≤ "}[ratio["kind"]]
+    return f"{prefix}{ratio['value']:.2f}x"
+
+
+def _time(row: dict[str, Any]) -> str:
+    if not row["repeats_done"]:
+        return "failed" if row["repeats_failed"] else "not run"
+    text = (f"{row['time_to_target_s']:.1f}" if row["time_to_target_s"] is not None
+            else f"not reached (> {row['time_to_target_above_s']:.0f})")
+    if row["repeats_done"] > 1:
+        text += f" ({row['reached_target']}/{row['repeats_done']} reached)"
+    return text
+
+
+def _ratio(value: float | None) -> str:
+    return MISSING if value is None else f"{value:.2f}x"
+
+
+def setting_table(setting: dict[str, Any]) -> str:
+    """A markdown table of one setting's rows."""
+    lines = [_COLUMNS, ("---",) * len(_COLUMNS)]
+    for row in setting["results"]:
+        lines.append((
+            row["label"], _time(row), format_speedup(row["speedup_vs_allreduce"]),
+            format_speedup(row["speedup_vs_ddp"]), sig(row["samples_per_s"]),
+            _ratio(row["throughput_vs_allreduce"]), percent(row["ideal_fraction"]),
+            percent(row["final_accuracy"]), percent(row["sync_wait_fraction"]),
+        ))
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def headline_lines(results: dict[str, Any]) -> list[str]:
+    """One sentence per setting: who wins, and by how much over All-Reduce and DDP."""
+    lines = []
+    for h in results["headline"]:
+        if h["by"] == "time to target":
+            what = f"reaches the target first, in {h['time_to_target_s']:.1f} s"
+            ratios = [f"{format_speedup(h[f'speedup_vs_{b}'])} {b}" for b in ("allreduce", "ddp")
+                      if h[f"speedup_vs_{b}"]]
+        else:
+            what = f"has the highest throughput ({h['samples_per_s']:.0f} samples/s; nobody " \
+                   "reached the target)"
+            ratios = [f"{_ratio(h[f'throughput_vs_{b}'])} {b}" for b in ("allreduce", "ddp")
+                      if h[f"throughput_vs_{b}"]]
+        lines.append(f"- **{h['setting']}**: {h['winner']} {what}"
+                     + (f" ({', '.join(ratios)})" if ratios else "") + ".")
+    return lines
+
+
+def _run_figures(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> list[str]:
+    """The first repeat of each variant, plotted together; markdown lines that show them."""
+    done = [r for r in runs if r.repeat == 0 and r.done and r.setting.name == setting["name"]]
+    if not done:
+        return []
+    folder = out / "plots" / slug(setting["name"])
+    write_report([r.run_dir for r in done], folder)
+    rel = folder.relative_to(out)
+    lines = []
+    for stem, caption in (("loss_vs_time", "consensus test loss"),
+                          ("iterations_vs_time", "iterations per worker (band: slowest to "
+                           "fastest worker)"),
+                          ("consensus_distance_vs_time", "consensus distance")):
+        if (folder / f"{stem}.png").is_file():
+            lines.append(f"![{setting['name']}: {caption}]({rel}/{stem}.png)\n")
+    per_worker = sorted(folder.glob("iterations_per_worker_*.png"))
+    if per_worker:
+        links = ", ".join(f"[{p.stem.removeprefix('iterations_per_worker_')}]({rel}/{p.name})"
+                          for p in per_worker)
+        lines.append(f"Iterations of each worker, per run: {links}. All runs' figures and "
+                     f"their full table: [{rel}/report.md]({rel}/report.md).\n")
+    return lines
+
+
+def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
+                   command: str) -> Path:
+    """Write out/results.md (and its plots under out/plots/); return its path."""
+    (out / "plots").mkdir(parents=True, exist_ok=True)
+    o = results["options"]
+    target = next((row["target_loss"] for s in results["settings"] for row in s["results"]
+                   if row["target_loss"] is not None), None)
+    sections = [
+        f"# hetsync bench: suite `{results['suite']}`\n",
+        f"{results['description']}. Regenerate with `{command}`.\n",
+        f"Workload {o['workload']}, {o['step_time']:g} ms emulated compute per iteration, "
+        f"target loss {target}, at most {results['max_time_s']:g} s per run, "
+        f"{o['repeats']} repeat(s) (seeds {o['seed']}..{o['seed'] + o['repeats'] - 1}; medians "
+        f"shown), {results['runs_done']} of {results['runs_total']} runs done. Speed-ups are "
+        "ratios of time to target; \"≥\" marks a bound where the baseline never reached the "
+        "target in its run; \"of ideal\" is the throughput over the sum of the workers' own "
+        "speeds.\n",
+        "## Headline\n",
+        "\n".join(headline_lines(results)) + "\n",
+    ]
+    bars = plot_speedups(results, out / "plots")
+    if bars is not None:
+        sections.append(f"![speed-up over allreduce](plots/{bars.name})\n")
+    for setting in results["settings"]:
+        sections += [
+            f"## {setting['name']}\n",
+            f"{setting['workers']} workers, slowdown `{setting['slowdown']}`.\n",
+            setting_table(setting),
+            *_run_figures(setting, runs, out),
+        ]
+    path = out / "results.md"
+    path.write_text("\n".join(sections), encoding="utf-8")
+    return path

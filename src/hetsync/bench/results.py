@@ -1,0 +1,136 @@
+"""A suite's figures: per setting and variant, the median over repeats, and ratios to the
+All-Reduce and DDP rows of the same setting.
+
+Ratios are of medians. A run that stopped at its time cap without reaching the target has an
+unknown time to target above its run time, so a speed-up against it is a bound ("at least" or
+"at most"), never a made-up number.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from hetsync.bench.runner import FAILED_FILE, BenchOptions, PlannedRun
+from hetsync.bench.suites import Setting, Suite, Variant
+
+__all__ = ["BASELINES", "collect", "headline", "speedup", "write_results"]
+
+BASELINES = ("allreduce", "ddp")
+_MEDIANS = ("samples_per_s", "ideal_samples_per_s", "ideal_fraction", "final_accuracy",
+            "final_loss", "sync_wait_fraction", "wall_time_s")
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(median(present), 4) if present else None
+
+
+def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str, Any]:
+    """One row: the medians of the variant's finished repeats in one setting."""
+    summaries = [json.loads((r.run_dir / "summary.json").read_text()) for r in runs if r.done]
+    failed = [r for r in runs if not r.done and (r.run_dir / FAILED_FILE).is_file()]
+    row: dict[str, Any] = {
+        "label": variant.label,
+        "options": dict(variant.options),
+        "runs": [str(r.run_dir.relative_to(root)) for r in runs],
+        "repeats_done": len(summaries),
+        "repeats_failed": len(failed),
+        "errors": [(r.run_dir / FAILED_FILE).read_text().strip() for r in failed],
+    }
+    times = [s["time_to_target_s"] if s["time_to_target_s"] is not None else math.inf
+             for s in summaries]
+    ttt = median(times) if times else math.inf
+    row["reached_target"] = sum(t < math.inf for t in times)
+    row["time_to_target_s"] = round(ttt, 3) if ttt < math.inf else None
+    # Not reached: the target lies beyond the time these runs trained for.
+    row["time_to_target_above_s"] = (
+        _median([s["wall_time_s"] for s in summaries]) if summaries and ttt == math.inf else None
+    )
+    for key in _MEDIANS:
+        row[key] = _median([s.get(key) for s in summaries])
+    row["target_loss"] = summaries[0]["target_loss"] if summaries else None
+    return row
+
+
+def speedup(base: dict[str, Any], row: dict[str, Any]) -> dict[str, Any] | None:
+    """Time to target of `base` over that of `row`, as {"value", "kind"}: kind "exact",
+    "at least" (base never reached it) or "at most" (row never reached it)."""
+    b, t = base["time_to_target_s"], row["time_to_target_s"]
+    if b and t:
+        return {"value": round(b / t, 3), "kind": "exact"}
+    if t and base["time_to_target_above_s"]:
+        return {"value": round(base["time_to_target_above_s"] / t, 3), "kind": "at least"}
+    if b and row["time_to_target_above_s"]:
+        return {"value": round(b / row["time_to_target_above_s"], 3), "kind": "at most"}
+    return None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a and b else None
+
+
+def collect_setting(setting: Setting, suite: Suite, runs: list[PlannedRun],
+                    root: Path) -> dict[str, Any]:
+    rows = [aggregate(v, [r for r in runs if r.setting == setting and r.variant == v], root)
+            for v in suite.variants_of(setting)]
+    by_label = {row["label"]: row for row in rows}
+    for row in rows:
+        for name in BASELINES:
+            base = by_label.get(name)
+            row[f"speedup_vs_{name}"] = speedup(base, row) if base else None
+            row[f"throughput_vs_{name}"] = (
+                _ratio(row["samples_per_s"], base["samples_per_s"]) if base else None
+            )
+    first = runs[0].config if runs else None
+    return {
+        "name": setting.name,
+        "slowdown": setting.slowdown,
+        "workers": first.workers if first else setting.workers,
+        "results": rows,
+    }
+
+
+def headline(setting: dict[str, Any]) -> dict[str, Any] | None:
+    """The winner of a setting: first to the target (ties: higher throughput), or, if nobody
+    reached it, the highest throughput."""
+    rows = [row for row in setting["results"] if row["repeats_done"]]
+    if not rows:
+        return None
+    reached = [row for row in rows if row["time_to_target_s"] is not None]
+    if reached:
+        best = min(reached, key=lambda r: (r["time_to_target_s"], -(r["samples_per_s"] or 0)))
+        by = "time to target"
+    else:
+        best = max(rows, key=lambda r: r["samples_per_s"] or 0)
+        by = "throughput"
+    return {"setting": setting["name"], "winner": best["label"], "by": by,
+            "time_to_target_s": best["time_to_target_s"], "samples_per_s": best["samples_per_s"],
+            **{f"speedup_vs_{b}": best[f"speedup_vs_{b}"] for b in BASELINES},
+            **{f"throughput_vs_{b}": best[f"throughput_vs_{b}"] for b in BASELINES}}
+
+
+def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],
+            root: Path) -> dict[str, Any]:
+    settings = [collect_setting(s, suite, [r for r in runs if r.setting == s], root)
+                for s in suite.settings]
+    return {
+        "suite": suite.name,
+        "description": suite.description,
+        "options": asdict(options),
+        "max_time_s": runs[0].config.max_time if runs else None,
+        "runs_done": sum(r.done for r in runs),
+        "runs_total": len(runs),
+        "headline": [h for h in map(headline, settings) if h is not None],
+        "settings": settings,
+    }
+
+
+def write_results(results: dict[str, Any], out: Path) -> Path:
+    path = out / "results.json"
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    return path

@@ -1,0 +1,163 @@
+"""Run a suite: plan every (setting, variant, repeat), run what is not done yet, report.
+
+The suite folder is the unit of resumption: `suite.json` records the options, each run has
+its own directory under `runs/`, and a run counts as done once its `summary.json` exists. A
+run that failed is recorded (`failed.txt`), the suite goes on, and `--resume` retries it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from hetsync.bench.progress import SuiteProgress
+from hetsync.bench.suites import Setting, Suite, Variant, get_suite
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.launch.launcher import run as launch
+from hetsync.report.plots import slug
+
+__all__ = ["BenchOptions", "PlannedRun", "plan", "run_suite"]
+
+FAILED_FILE = "failed.txt"
+SUITE_FILE = "suite.json"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What `hetsync bench` was asked for; recorded in suite.json and checked on --resume."""
+
+    suite: str = "headline"
+    workload: str = "cnn"
+    workers: int = 8
+    step_time: float = 50.0
+    """Emulated compute per iteration (ms), so that protocols, not CPU contention, decide."""
+    max_time: float | None = None
+    """Seconds per run; None: the suite's."""
+    target_loss: float | None = None
+    """None: the suite's target for the workload, else the workload's own."""
+    repeats: int = 1
+    seed: int = 0
+
+    def check(self) -> BenchOptions:
+        get_suite(self.suite)
+        if self.repeats < 1:
+            raise ConfigError(f"--repeats must be >= 1 (got {self.repeats})")
+        if self.workers < 1:
+            raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
+        return self
+
+    def differences(self, other: BenchOptions) -> list[str]:
+        return [f.name for f in fields(self) if getattr(self, f.name) != getattr(other, f.name)]
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    setting: Setting
+    variant: Variant
+    repeat: int
+    config: RunConfig
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.config.out is not None
+        return Path(self.config.out)
+
+    @property
+    def name(self) -> str:
+        return f"{self.setting.name} · {self.variant.label} · repeat {self.repeat + 1}"
+
+    @property
+    def done(self) -> bool:
+        return (self.run_dir / "summary.json").is_file()
+
+
+def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> list[PlannedRun]:
+    """Every run of the suite, its configuration checked (a wrong one fails before any run)."""
+    runs = []
+    for setting in suite.settings:
+        for variant in suite.variants_of(setting):
+            for repeat in range(options.repeats):
+                config = RunConfig(**{
+                    "workload": options.workload,
+                    "workers": setting.workers or options.workers,
+                    "step_time": options.step_time,
+                    "slowdown": setting.slowdown,
+                    "max_time": options.max_time or suite.max_time,
+                    "target_loss": options.target_loss or suite.target_loss.get(options.workload),
+                    "seed": options.seed + repeat,
+                    "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",
+                    "label": variant.label,
+                    "quiet": quiet,
+                    **variant.options,
+                })
+                try:
+                    config.validate()
+                except ConfigError as error:
+                    raise ConfigError(f"{setting.name}, {variant.label}: {error}") from None
+                runs.append(PlannedRun(setting, variant, repeat, config))
+    return runs
+
+
+def _claim_folder(out: Path, options: BenchOptions, resume: bool) -> None:
+    """Record the options, or on --resume check that they are the recorded ones."""
+    record = out / SUITE_FILE
+    if record.is_file():
+        if not resume:
+            raise ConfigError(f"{out} already holds a suite run: pass --resume to finish it, "
+                              "or choose another --out")
+        recorded = BenchOptions(**json.loads(record.read_text()))
+        changed = options.differences(recorded)
+        if changed:
+            raise ConfigError(
+                f"--resume: {out} was run with different options ("
+                + ", ".join(f"{n}={getattr(recorded, n)!r}" for n in changed)
+                + "); resume with those, or choose another --out")
+        return
+    if resume:
+        raise ConfigError(f"--resume: {out} holds no suite run ({SUITE_FILE} missing)")
+    out.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(asdict(options), indent=2) + "\n")
+
+
+def recorded_options(out: Path) -> BenchOptions | None:
+    """The options a suite folder was started with, for --resume without repeating them."""
+    record = out / SUITE_FILE
+    return BenchOptions(**json.loads(record.read_text())) if record.is_file() else None
+
+
+def run_suite(options: BenchOptions, out: Path, resume: bool = False,
+              show_run_progress: bool | None = None) -> list[PlannedRun]:
+    """Run the suite's runs that are not done yet; return the whole plan.
+
+    Failed runs are recorded and skipped; KeyboardInterrupt stops the suite (finished runs
+    stay done, so --resume continues from the interrupted one)."""
+    options.check()
+    suite = get_suite(options.suite)
+    if show_run_progress is None:
+        show_run_progress = sys.stderr.isatty()
+    runs = plan(suite, options, out, quiet=not show_run_progress)
+    _claim_folder(out, options, resume)
+    todo = [run for run in runs if not run.done]
+    progress = SuiteProgress(len(runs))
+    progress.skipped(len(runs) - len(todo))
+    for i, run in enumerate(todo):
+        progress.started(runs.index(run) + 1, run.name,
+                         [(r.config.workers, r.config.max_time or 0.0) for r in todo[i:]])
+        (run.run_dir / FAILED_FILE).unlink(missing_ok=True)
+        try:
+            outcome = _outcome(launch(run.config).summary)
+        except WorkerFailed as error:
+            run.run_dir.mkdir(parents=True, exist_ok=True)
+            (run.run_dir / FAILED_FILE).write_text(f"{error}\n")
+            outcome = f"failed: {error}"
+        progress.finished(run.config.workers, outcome)
+    return runs
+
+
+def _outcome(summary: dict) -> str:
+    ttt = summary["time_to_target_s"]
+    reached = f"target in {ttt:.1f} s" if ttt is not None else "target not reached"
+    return f"{reached}, {summary['samples_per_s']:.0f} samples/s"

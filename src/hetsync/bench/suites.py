@@ -1,0 +1,154 @@
+"""The benchmark suites: which settings (slowdown, worker count) and which protocol variants.
+
+A suite is data, not code: `hetsync bench` runs every variant of a setting under that
+setting's slowdown, with the same workload and seeds, so the rows of a setting differ only in
+the protocol. Add a suite by adding an entry to `SUITES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from hetsync.errors import ConfigError
+
+__all__ = [
+    "EVERY_PROTOCOL", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
+    "describe_suites", "get_suite",
+]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A protocol with its options: one row of a setting's table."""
+
+    label: str
+    options: MappingProxyType[str, Any]
+
+    @classmethod
+    def of(cls, label: str, **options: Any) -> Variant:
+        return cls(label, MappingProxyType(options))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One slowdown (and worker count) that every variant runs under."""
+
+    name: str
+    slowdown: str = "none"
+    workers: int | None = None
+    """None: the bench's --workers."""
+    variants: tuple[Variant, ...] | None = None
+    """None: the suite's variants."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    name: str
+    description: str
+    settings: tuple[Setting, ...]
+    variants: tuple[Variant, ...]
+    target_loss: dict[str, float] = field(default_factory=dict)
+    """Per workload, a target looser than the workload's own, to keep a suite short."""
+    max_time: float = 180.0
+    """Seconds per run unless --max-time says otherwise."""
+
+    def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
+        return setting.variants if setting.variants is not None else self.variants
+
+
+PRAGUE_RANDOM = {"protocol": "prague", "gg_policy": "random"}
+
+#: Every protocol hetsync has, with the variants the papers evaluate. Decentralized protocols
+#: use their default graph, the ring.
+EVERY_PROTOCOL = (
+    Variant.of("allreduce", protocol="allreduce"),
+    Variant.of("ddp", protocol="ddp"),
+    Variant.of("ps-sync", protocol="ps", ps_mode="sync"),
+    Variant.of("ps-async", protocol="ps", ps_mode="async"),
+    Variant.of("dpsgd", protocol="dpsgd"),
+    Variant.of("adpsgd", protocol="adpsgd"),
+    Variant.of("hop", protocol="hop"),
+    Variant.of("hop-notify-ack", protocol="hop", hop_mode="notify-ack"),
+    Variant.of("hop-backup1", protocol="hop", backup=1),
+    Variant.of("hop-staleness2", protocol="hop", staleness=2),
+    # On an undirected ring with no backup worker nobody can fall behind: skipping needs one.
+    Variant.of("hop-skip", protocol="hop", backup=1, skip=True),
+    Variant.of("prague", protocol="prague"),  # the default: groups of ready workers
+    Variant.of("prague-static", protocol="prague", schedule="static"),
+    Variant.of("prague-random", **PRAGUE_RANDOM),
+    Variant.of("prague-buffer", **PRAGUE_RANDOM, group_buffer=True),
+    Variant.of("prague-division2", **PRAGUE_RANDOM, group_division=2),
+)
+_BY_LABEL = {variant.label: variant for variant in EVERY_PROTOCOL}
+
+
+def _pick(*labels: str) -> tuple[Variant, ...]:
+    return tuple(_BY_LABEL[label] for label in labels)
+
+
+ONE_5X_SLOW = "deterministic:ranks=3,factor=5"
+
+#: The default suite: the headline in under 10 minutes on 2 cores. One variant per family
+#: (Hop with skipping, Prague with its default policy); the parameter server only homogeneous,
+#: where the Prague paper compares with it; a looser target so the fast runs stop early.
+HEADLINE = Suite(
+    name="headline",
+    description="who wins homogeneous and under one 5x slow worker, by how much (default)",
+    settings=(
+        Setting("homogeneous", variants=_pick(
+            "allreduce", "ddp", "ps-sync", "adpsgd", "hop-skip", "prague")),
+        Setting("one 5x slow", ONE_5X_SLOW, variants=_pick(
+            "allreduce", "ddp", "adpsgd", "hop-skip", "prague")),
+    ),
+    variants=(),
+    target_loss={"cnn": 0.5, "svm": 0.15},
+    max_time=60.0,
+)
+
+#: About a minute on three workers: checks that the bench works here, and is what the tests run.
+SMOKE = Suite(
+    name="smoke",
+    description="three workers, a few seconds per run: checks that the bench works here",
+    settings=(Setting("homogeneous", workers=3),
+              Setting("one 5x slow", "deterministic:ranks=1,factor=5", workers=3)),
+    variants=_pick("allreduce", "ddp", "hop-skip"),
+    target_loss={"cnn": 0.8, "svm": 0.16},
+    max_time=10.0,
+)
+
+_SUITES = [
+    HEADLINE,
+    SMOKE,
+    Suite("homogeneous", "every protocol, no slowdown",
+          (Setting("homogeneous"),), EVERY_PROTOCOL),
+    Suite("deterministic", "every protocol, rank 3 slowed 2x, 4x and 8x",
+          tuple(Setting(f"one {f}x slow", f"deterministic:ranks=3,factor={f}") for f in (2, 4, 8)),
+          EVERY_PROTOCOL),
+    Suite("random", "every protocol, each iteration 4x slower with probability 0.1",
+          (Setting("random", "random:p=0.1,factor=4"),), EVERY_PROTOCOL),
+    Suite("scaling", "every protocol, homogeneous, on 4, 8 and 16 workers",
+          tuple(Setting(f"{n} workers", workers=n) for n in (4, 8, 16)), EVERY_PROTOCOL),
+]
+_PAPER = Suite(
+    "paper", "homogeneous, deterministic, random and scaling together",
+    tuple(s for suite in _SUITES[2:] for s in suite.settings), EVERY_PROTOCOL,
+)
+SUITES = {suite.name: suite for suite in [*_SUITES, _PAPER]}
+
+
+def get_suite(name: str) -> Suite:
+    if name not in SUITES:
+        raise ConfigError(f"unknown suite {name!r}: choose {', '.join(SUITES)}")
+    return SUITES[name]
+
+
+def describe_suites() -> str:
+    """One line per suite, with its number of runs per repeat."""
+    lines = []
+    for suite in SUITES.values():
+        count = sum(len(suite.variants_of(s)) for s in suite.settings)
+        lines.append(f"{suite.name:13s} {count:3d} runs  {suite.description}")
+    return "\n".join(lines)
+
