@@ -32,8 +32,7 @@ lint: setup
 	$(VENV)/bin/ruff check src tests bench examples
 
 bench: setup
-	$(PY) bench/allreduce_vs_ddp.py
-	$(PY) bench/baselines.py
+	$(VENV)/bin/hetsync bench --out runs/bench-headline
 
 clean:
 	rm -rf runs .pytest_cache

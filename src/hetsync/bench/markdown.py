@@ -25,6 +25,8 @@ def format_speedup(ratio: dict[str, Any] | None) -> str:
 
 
 def _time(row: dict[str, Any]) -> str:
+    if row["not_applicable"]:
+        return f"n/a: {row['not_applicable']}"
     if not row["repeats_done"]:
         return "failed" if row["repeats_failed"] else "not run"
     text = (f"{row['time_to_target_s']:.1f}" if row["time_to_target_s"] is not None

@@ -41,6 +41,7 @@ def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str,
         "repeats_done": len(summaries),
         "repeats_failed": len(failed),
         "errors": [(r.run_dir / FAILED_FILE).read_text().strip() for r in failed],
+        "not_applicable": next((r.not_applicable for r in runs if r.not_applicable), None),
     }
     times = [s["time_to_target_s"] if s["time_to_target_s"] is not None else math.inf
              for s in summaries]

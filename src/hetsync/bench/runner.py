@@ -18,6 +18,7 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.launch.launcher import run as launch
 from hetsync.report.plots import slug
+from hetsync.workloads import get_workload
 
 __all__ = ["BenchOptions", "PlannedRun", "plan", "run_suite"]
 
@@ -43,6 +44,7 @@ class BenchOptions:
 
     def check(self) -> BenchOptions:
         get_suite(self.suite)
+        get_workload(self.workload)
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1 (got {self.repeats})")
         if self.workers < 1:
@@ -59,6 +61,8 @@ class PlannedRun:
     variant: Variant
     repeat: int
     config: RunConfig
+    not_applicable: str | None = None
+    """Why this protocol cannot run in this setting (e.g. too few workers for its groups)."""
 
     @property
     def run_dir(self) -> Path:
@@ -75,7 +79,9 @@ class PlannedRun:
 
 
 def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> list[PlannedRun]:
-    """Every run of the suite, its configuration checked (a wrong one fails before any run)."""
+    """Every run of the suite, its configuration checked before any run starts. A variant
+    that cannot run in a setting (Group Division 2 on 4 workers) is kept as not applicable,
+    with the reason, so that the other settings still run."""
     runs = []
     for setting in suite.settings:
         for variant in suite.variants_of(setting):
@@ -96,8 +102,11 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                 try:
                     config.validate()
                 except ConfigError as error:
-                    raise ConfigError(f"{setting.name}, {variant.label}: {error}") from None
-                runs.append(PlannedRun(setting, variant, repeat, config))
+                    runs.append(PlannedRun(setting, variant, repeat, config, str(error)))
+                else:
+                    runs.append(PlannedRun(setting, variant, repeat, config))
+    if all(run.not_applicable for run in runs):
+        raise ConfigError(f"no run of the suite can start: {runs[0].not_applicable}")
     return runs
 
 
@@ -140,9 +149,12 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
         show_run_progress = sys.stderr.isatty()
     runs = plan(suite, options, out, quiet=not show_run_progress)
     _claim_folder(out, options, resume)
-    todo = [run for run in runs if not run.done]
+    for reason in dict.fromkeys(f"{r.setting.name} · {r.variant.label}: {r.not_applicable}"
+                                for r in runs if r.not_applicable):
+        print(f"not applicable, left out: {reason}")
+    todo = [run for run in runs if not run.done and not run.not_applicable]
     progress = SuiteProgress(len(runs))
-    progress.skipped(len(runs) - len(todo))
+    progress.skipped(sum(run.done for run in runs))
     for i, run in enumerate(todo):
         progress.started(runs.index(run) + 1, run.name,
                          [(r.config.workers, r.config.max_time or 0.0) for r in todo[i:]])

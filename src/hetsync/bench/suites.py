@@ -91,8 +91,11 @@ def _pick(*labels: str) -> tuple[Variant, ...]:
 ONE_5X_SLOW = "deterministic:ranks=3,factor=5"
 
 #: The default suite: the headline in under 10 minutes on 2 cores. One variant per family
-#: (Hop with skipping, Prague with its default policy); the parameter server only homogeneous,
-#: where the Prague paper compares with it; a looser target so the fast runs stop early.
+#: (Hop with skipping, Prague with its default policy) and a looser target than the workload's,
+#: so that fast runs stop early and All-Reduce reaches it with the slow worker within the cap.
+#: The parameter server and DDP run homogeneous only: the Prague paper compares with PS there,
+#: and DDP waits for the slow worker exactly as All-Reduce does (0.99x its throughput when
+#: measured), so a second 100 s run would add time, not information.
 HEADLINE = Suite(
     name="headline",
     description="who wins homogeneous and under one 5x slow worker, by how much (default)",
@@ -100,11 +103,11 @@ HEADLINE = Suite(
         Setting("homogeneous", variants=_pick(
             "allreduce", "ddp", "ps-sync", "adpsgd", "hop-skip", "prague")),
         Setting("one 5x slow", ONE_5X_SLOW, variants=_pick(
-            "allreduce", "ddp", "adpsgd", "hop-skip", "prague")),
+            "allreduce", "adpsgd", "hop-skip", "prague")),
     ),
     variants=(),
     target_loss={"cnn": 0.5, "svm": 0.15},
-    max_time=60.0,
+    max_time=100.0,
 )
 
 #: About a minute on three workers: checks that the bench works here, and is what the tests run.

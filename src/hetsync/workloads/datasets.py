@@ -43,7 +43,7 @@ def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzipped), the format MNIST-like datasets ship in."""
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as f:
-        data = f.read()
+        data = bytearray(f.read())  # writable, so torch can share the buffer
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ConfigError(f"{path} is not an IDX file of unsigned bytes")
     ndim = data[3]
@@ -83,8 +83,10 @@ def load_fashion_mnist(data_dir: Path | None = None) -> DataSplit:
 
 
 def _images(raw: np.ndarray) -> torch.Tensor:
-    x = torch.from_numpy(raw.astype(np.float32) / 255.0).unsqueeze(1)
-    return (x - _FASHION_MEAN) / _FASHION_STD
+    # In place: every worker loads the dataset at start-up, and temporaries of 188 MB made
+    # this a quarter of an 8-worker run's start-up on 2 cores.
+    x = torch.from_numpy(raw).float().div_(255.0).sub_(_FASHION_MEAN).div_(_FASHION_STD)
+    return x.unsqueeze(1)
 
 
 def load_digits(data_dir: Path | None = None) -> DataSplit:

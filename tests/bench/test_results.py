@@ -1,0 +1,121 @@
+"""Medians over repeats, ratios to the baselines, and bounds where a target was not reached.
+
+The summaries are written as the launcher writes them (the same keys), so these tests check
+the reduction alone; test_command.py checks it on real runs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hetsync.bench.markdown import format_speedup, headline_lines, setting_table
+from hetsync.bench.results import collect, speedup
+from hetsync.bench.runner import FAILED_FILE, BenchOptions, plan
+from hetsync.bench.suites import Setting, Suite, Variant
+
+SUITE = Suite(
+    "test", "two settings",
+    (Setting("homogeneous"), Setting("slow", "deterministic:ranks=1,factor=5")),
+    (Variant.of("allreduce", protocol="allreduce"), Variant.of("ddp", protocol="ddp"),
+     Variant.of("adpsgd", protocol="adpsgd")),
+)
+
+
+def summary(ttt: float | None, samples: float, wall: float = 60.0) -> dict:
+    return {"time_to_target_s": ttt, "samples_per_s": samples, "wall_time_s": wall,
+            "ideal_samples_per_s": 5000.0, "ideal_fraction": samples / 5000.0,
+            "final_accuracy": 0.8, "final_loss": 0.45, "sync_wait_fraction": 0.1,
+            "target_loss": 0.5}
+
+
+def write(runs, figures: dict[tuple[str, str], list[dict | None]]) -> None:
+    """figures[(setting, label)]: a summary per repeat (None: the repeat failed)."""
+    for run in runs:
+        value = figures[(run.setting.name, run.variant.label)][run.repeat]
+        run.run_dir.mkdir(parents=True)
+        if value is None:
+            (run.run_dir / FAILED_FILE).write_text("worker 1 failed: boom\n")
+        else:
+            (run.run_dir / "summary.json").write_text(json.dumps(value))
+
+
+@pytest.fixture
+def results(tmp_path):
+    options = BenchOptions(suite="test", workers=4, repeats=3)
+    runs = plan(SUITE, options, tmp_path)
+    write(runs, {
+        ("homogeneous", "allreduce"): [summary(30, 3000), summary(40, 2800), summary(20, 3100)],
+        ("homogeneous", "ddp"): [summary(32, 2900), summary(None, 2000), summary(34, 2950)],
+        ("homogeneous", "adpsgd"): [summary(15, 4800), summary(None, 4700), None],
+        ("slow", "allreduce"): [summary(None, 900, 60), summary(None, 910, 61), summary(80, 950)],
+        ("slow", "ddp"): [summary(None, 880, 60)] * 3,
+        ("slow", "adpsgd"): [summary(16, 4600), summary(18, 4500), summary(17, 4550)],
+    })
+    return collect(SUITE, options, runs, tmp_path)
+
+
+def rows(results, setting):
+    return {row["label"]: row for s in results["settings"] if s["name"] == setting
+            for row in s["results"]}
+
+
+def test_medians_count_unreached_repeats_as_slowest(results):
+    homogeneous = rows(results, "homogeneous")
+    assert homogeneous["allreduce"]["time_to_target_s"] == 30
+    assert homogeneous["allreduce"]["samples_per_s"] == 3000
+    assert homogeneous["ddp"]["time_to_target_s"] == 34  # median of 32, 34 and not reached
+    assert homogeneous["ddp"]["reached_target"] == 2
+
+
+def test_failed_repeats_are_left_out_and_counted(results):
+    adpsgd = rows(results, "homogeneous")["adpsgd"]
+    assert (adpsgd["repeats_done"], adpsgd["repeats_failed"]) == (2, 1)
+    assert adpsgd["errors"] == ["worker 1 failed: boom"]
+    assert adpsgd["time_to_target_s"] is None  # median of 15 and not reached
+    assert adpsgd["time_to_target_above_s"] == 60.0
+
+
+def test_ratios_to_both_baselines(results):
+    homogeneous = rows(results, "homogeneous")
+    assert homogeneous["ddp"]["speedup_vs_allreduce"] == {"value": round(30 / 34, 3),
+                                                          "kind": "exact"}
+    assert homogeneous["allreduce"]["speedup_vs_ddp"] == {"value": round(34 / 30, 3),
+                                                          "kind": "exact"}
+    assert homogeneous["adpsgd"]["throughput_vs_allreduce"] == round(4750 / 3000, 3)
+    assert homogeneous["adpsgd"]["speedup_vs_allreduce"] == {"value": 0.5, "kind": "at most"}
+
+
+def test_a_baseline_that_never_reached_gives_a_lower_bound(results):
+    slow = rows(results, "slow")
+    assert slow["allreduce"]["time_to_target_s"] is None  # 2 of 3 repeats did not reach it
+    assert slow["allreduce"]["time_to_target_above_s"] == 60
+    assert slow["adpsgd"]["speedup_vs_allreduce"] == {"value": round(60 / 17, 3),
+                                                      "kind": "at least"}
+    assert slow["ddp"]["speedup_vs_allreduce"] is None  # neither reached it
+    assert format_speedup(slow["adpsgd"]["speedup_vs_allreduce"]) == "≥ 3.53x"
+
+
+def test_headline_names_the_first_to_target(results):
+    winners = {h["setting"]: h for h in results["headline"]}
+    assert winners["homogeneous"]["winner"] == "allreduce"
+    assert winners["slow"]["winner"] == "adpsgd"
+    lines = headline_lines(results)
+    assert lines[1] == ("- **slow**: adpsgd reaches the target first, in 17.0 s "
+                        "(≥ 3.53x allreduce, ≥ 3.53x ddp).")
+
+
+def test_table_marks_unreached_and_repeat_counts(results):
+    table = setting_table(results["settings"][1])
+    assert "| allreduce | not reached (> 60) (1/3 reached) |" in table
+    assert "| adpsgd | 17.0 (3/3 reached) | ≥ 3.53x | ≥ 3.53x | 4550 | 5.00x |" in table
+
+
+@pytest.mark.parametrize(("base", "row", "expected"), [
+    ((None, 60.0), (None, 60.0), None),
+    ((30.0, None), (15.0, None), {"value": 2.0, "kind": "exact"}),
+])
+def test_speedup_cases(base, row, expected):
+    def as_row(pair):
+        return {"time_to_target_s": pair[0], "time_to_target_above_s": pair[1]}
+    assert speedup(as_row(base), as_row(row)) == expected

@@ -1,0 +1,78 @@
+"""Suites are data: every one plans into valid run configurations, with shared seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from hetsync.bench.runner import BenchOptions, plan
+from hetsync.bench.suites import EVERY_PROTOCOL, HEADLINE, SUITES, describe_suites, get_suite
+from hetsync.errors import ConfigError
+from hetsync.protocols import available_protocols
+
+
+@pytest.mark.parametrize("name", list(SUITES))
+@pytest.mark.parametrize("workload", ["cnn", "svm"])
+def test_every_suite_plans_valid_runs(name, workload, tmp_path):
+    suite = get_suite(name)
+    runs = plan(suite, BenchOptions(suite=name, workload=workload), tmp_path)
+    assert len(runs) == sum(len(suite.variants_of(s)) for s in suite.settings)
+    assert len({run.run_dir for run in runs}) == len(runs)
+    assert all(run.run_dir.is_relative_to(tmp_path / "runs") for run in runs)
+
+
+def test_every_protocol_is_in_the_full_suites():
+    """A new protocol must join the suites, or this fails."""
+    assert {v.options["protocol"] for v in EVERY_PROTOCOL} == set(available_protocols())
+    assert len({v.label for v in EVERY_PROTOCOL}) == len(EVERY_PROTOCOL)
+
+
+def test_rows_of_a_setting_share_workload_seed_and_slowdown(tmp_path):
+    options = BenchOptions(suite="deterministic", repeats=3, seed=7)
+    runs = plan(get_suite("deterministic"), options, tmp_path)
+    for setting in get_suite("deterministic").settings:
+        rows = [run for run in runs if run.setting == setting]
+        assert {run.config.slowdown for run in rows} == {setting.slowdown}
+        assert {run.config.seed for run in rows} == {7, 8, 9}
+        for repeat in range(3):
+            assert len({run.config.seed for run in rows if run.repeat == repeat}) == 1
+
+
+def test_scaling_sets_the_worker_counts(tmp_path):
+    runs = plan(get_suite("scaling"), BenchOptions(suite="scaling"), tmp_path)
+    assert sorted({run.config.workers for run in runs}) == [4, 8, 16]
+
+
+def test_headline_uses_its_target_and_cap_unless_told(tmp_path):
+    runs = plan(HEADLINE, BenchOptions(), tmp_path)
+    assert {run.config.target_loss for run in runs} == {HEADLINE.target_loss["cnn"]}
+    assert {run.config.max_time for run in runs} == {HEADLINE.max_time}
+    told = plan(HEADLINE, BenchOptions(target_loss=0.45, max_time=30), tmp_path)
+    assert {(r.config.target_loss, r.config.max_time) for r in told} == {(0.45, 30)}
+
+
+def test_a_protocol_that_cannot_run_in_a_setting_is_kept_with_the_reason(tmp_path):
+    runs = plan(get_suite("scaling"), BenchOptions(suite="scaling"), tmp_path)
+    left_out = {(r.setting.name, r.variant.label): r.not_applicable for r in runs
+                if r.not_applicable}
+    assert list(left_out) == [("4 workers", "prague-division2")]
+    assert "a division of 4 workers holds a group of 3" in left_out["4 workers", "prague-division2"]
+
+
+def test_a_suite_that_cannot_run_at_all_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="no run of the suite can start: --step-time must not"):
+        plan(get_suite("smoke"), BenchOptions(suite="smoke", step_time=-1), tmp_path)
+
+
+def test_unknown_suite_workload_and_bad_repeats():
+    with pytest.raises(ConfigError, match="unknown workload 'nope'"):
+        BenchOptions(workload="nope").check()
+    with pytest.raises(ConfigError, match="unknown suite 'fast'"):
+        BenchOptions(suite="fast").check()
+    with pytest.raises(ConfigError, match="--repeats must be >= 1"):
+        BenchOptions(repeats=0).check()
+
+
+def test_describe_suites_counts_runs():
+    lines = {line.split()[0]: line.split()[1:3] for line in describe_suites().splitlines()}
+    assert lines["headline"] == ["10", "runs"]
+    assert lines["paper"] == [str(16 * 8), "runs"]
