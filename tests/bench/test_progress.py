@@ -32,9 +32,11 @@ def test_progress_lines_name_the_run_and_eta():
     stream = io.StringIO()
     progress = SuiteProgress(12, stream)
     progress.skipped(2)
-    progress.started(3, "homogeneous · hop · repeat 1", [(8, 60.0)])
+    progress.started(3, "homogeneous · hop · repeat 1", [(8, 60.0), (8, 60.0)])
     progress.finished(8, "target in 20.0 s")
+    progress.started(4, "homogeneous · prague · repeat 1", [(8, 60.0)])
     lines = stream.getvalue().splitlines()
     assert lines[0] == "resuming: 2 of 12 runs already done"
-    assert lines[1].startswith("[ 3/12] homogeneous · hop · repeat 1 | elapsed 0 s, ETA ~1m20s")
+    assert lines[1] == "[ 3/12] homogeneous · hop · repeat 1 | elapsed 0 s, ETA at most 2m40s"
     assert lines[2].startswith("    target in 20.0 s (")
+    assert lines[3].startswith("[ 4/12] homogeneous · prague · repeat 1 | elapsed 0 s, ETA ~")

@@ -19,6 +19,8 @@ def plot_speedups(results: dict[str, Any], out: Path, baseline: str = "allreduce
                 if any(r["label"] == baseline for r in s["results"])]
     if not settings:
         return None
+    labels = list(dict.fromkeys(r["label"] for s in settings for r in s["results"]))
+    colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # the same in every panel
     heights = [len(s["results"]) for s in settings]
     fig, axes = plt.subplots(len(settings), 1, squeeze=False,
                              figsize=(8, 1.2 + 0.32 * sum(heights) + 0.6 * len(settings)),
@@ -31,14 +33,16 @@ def plot_speedups(results: dict[str, Any], out: Path, baseline: str = "allreduce
                 ratio = row[f"speedup_vs_{baseline}"]
                 value = ratio["value"] if ratio else 0.0
                 bound = bool(ratio) and ratio["kind"] != "exact"
-                ax.barh(i, value, color=f"C{i % 10}", alpha=0.8, hatch="//" if bound else None,
-                        edgecolor="0.2" if bound else None)
+                ax.barh(i, value, color=colour[row["label"]], alpha=0.8,
+                        hatch="//" if bound else None, edgecolor="0.2" if bound else None)
                 text = "not reached" if not ratio else (
                     {"exact": "", "at least": "≥ ", "at most": "≤ "}[ratio["kind"]]
                     + f"{value:.2f}x")
-                ax.text(value, i, f" {text}", va="center", fontsize="small")
-                if row[f"throughput_vs_{baseline}"] is not None:
-                    ax.plot(row[f"throughput_vs_{baseline}"], i, "k.", markersize=8)
+                throughput = row[f"throughput_vs_{baseline}"]
+                if throughput is not None:
+                    ax.plot(throughput, i, "k.", markersize=8)
+                ax.text(max(value, throughput or 0.0), i, f"  {text}", va="center",
+                        fontsize="small")
             ax.axvline(1.0, color="0.4", linestyle="--", linewidth=1)
             ax.set_yticks(list(y), [row["label"] for row in rows])
             ax.set_title(f"{setting['name']} ({setting['workers']} workers)", fontsize="medium")

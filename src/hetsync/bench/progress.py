@@ -38,6 +38,10 @@ class EtaEstimator:
     def __init__(self) -> None:
         self._seconds: dict[int, list[float]] = defaultdict(list)
 
+    @property
+    def timed(self) -> bool:
+        return any(self._seconds.values())
+
     def record(self, workers: int, seconds: float) -> None:
         self._seconds[workers].append(seconds)
 
@@ -72,8 +76,11 @@ class SuiteProgress:
         self._run_t0 = time.monotonic()
         elapsed = self._run_t0 - self._t0
         width = len(str(self.total))
+        # Before any run was timed the estimate is every run's cap: an upper bound.
+        eta = f"~{clock(self.eta.remaining(remaining))}" if self.eta.timed else (
+            f"at most {clock(self.eta.remaining(remaining))}")
         self._print(f"[{position:{width}d}/{self.total}] {name} | elapsed {clock(elapsed)}, "
-                    f"ETA ~{clock(self.eta.remaining(remaining))}")
+                    f"ETA {eta}")
 
     def finished(self, workers: int, outcome: str) -> None:
         seconds = time.monotonic() - self._run_t0
