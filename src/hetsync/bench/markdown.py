@@ -104,7 +104,7 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
                    if row["target_loss"] is not None), None)
     sections = [
         f"# hetsync bench: suite `{results['suite']}`\n",
-        f"{results['description']}. Regenerate with `{command}`.\n",
+        f"Suite: {results['description']}. Regenerate with `{command}`.\n",
         f"Workload {o['workload']}, {o['step_time']:g} ms emulated compute per iteration, "
         f"target loss {target}, at most {results['max_time_s']:g} s per run, "
         f"{o['repeats']} repeat(s) (seeds {o['seed']}..{o['seed'] + o['repeats'] - 1}; medians "
