@@ -31,14 +31,16 @@ CONSERVATION_SCRIPT = Path(__file__).parent / "launch" / "scripts" / "conservati
 
 @pytest.fixture
 def check_zero_lr_consensus(tmp_path):
-    """Run the conservation script (lr 0, each rank from its own model) under `options`: the
-    sum of the models must be conserved and the models must converge to their average."""
+    """Run the conservation script (lr 0, each rank from its own model, set after the
+    optimizer is built; `late_even_ranks`: even ranks set theirs 0.5 s later) under
+    `options`: the sum of the models must be conserved and the models must converge to their
+    average."""
 
-    def check(workers: int = 4, **options: object) -> None:
+    def check(workers: int = 4, late_even_ranks: bool = False, **options: object) -> None:
         out = tmp_path / "zero-lr"
         out.mkdir()
-        run(RunConfig(workers=workers, script=[str(CONSERVATION_SCRIPT), str(out)], out=out,
-                      quiet=True, **options))
+        script = [str(CONSERVATION_SCRIPT), str(out)] + (["late"] if late_even_ranks else [])
+        run(RunConfig(workers=workers, script=script, out=out, quiet=True, **options))
         saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
         initial = torch.stack([s["initial"] for s in saved])
         final = torch.stack([s["final"] for s in saved])

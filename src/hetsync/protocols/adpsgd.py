@@ -85,6 +85,10 @@ class ADPSGD(Protocol):
         self._pending: tuple[int, torch.Tensor, list[dist.Work]] | None = None
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
+        # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
+        # model loaded after building the optimizer must not be averaged before it is loaded,
+        # or the load would overwrite the average.
+        self._started = threading.Event()
         if self.passive and self.clients:
             self._server = threading.Thread(target=self._serve, name="adpsgd-passive", daemon=True)
             self._server.start()
@@ -112,6 +116,7 @@ class ADPSGD(Protocol):
         self._pending = (partner, reply, works)
 
     def before_optimizer_step(self, step: Step) -> None:
+        self._started.set()
         if self._pending is None:
             self._request(step)
         step.begin_sync()
@@ -135,6 +140,7 @@ class ADPSGD(Protocol):
 
     def close(self) -> None:
         """Say goodbye to every partner, then wait until every client has said goodbye."""
+        self._started.set()
         if self.active:
             for partner in self.partners:
                 dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG)
@@ -152,6 +158,7 @@ class ADPSGD(Protocol):
                 if buffer[-1] == _BYE:
                     remaining -= 1
                     continue
+                self._started.wait()
                 with self.lock:
                     average = (self._flat() + buffer[:-1]) / 2
                     self._load(average)

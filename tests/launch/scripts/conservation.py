@@ -3,9 +3,13 @@
 Every rank sets its parameters to its own values after the optimizer was built (which
 broadcast rank 0's model), trains with lr = 0 and writes its final flat model to
 OUT/final_rank{r}.pt, with its initial one, for the test to check conservation and consensus.
+With a second argument `late`, even ranks (AD-PSGD's passive side) set theirs a moment
+later, as a slow checkpoint load would: an average served before the model is set would be
+overwritten, and the sum broken.
 """
 
 import sys
+import time
 
 import torch
 from torch import nn
@@ -17,6 +21,8 @@ out = sys.argv[1]
 model = nn.Linear(4, 3)
 optimizer = hetsync.SyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model)
 generator = torch.Generator().manual_seed(100 + runtime.rank)
+if sys.argv[2:] == ["late"] and runtime.rank % 2 == 0:
+    time.sleep(0.5)
 with torch.no_grad():
     for p in model.parameters():
         p.copy_(torch.randn(p.shape, generator=generator) * (1 + runtime.rank))
