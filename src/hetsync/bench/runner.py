@@ -117,7 +117,8 @@ def _claim_folder(out: Path, options: BenchOptions, resume: bool) -> None:
         if not resume:
             raise ConfigError(f"{out} already holds a suite run: pass --resume to finish it, "
                               "or choose another --out")
-        recorded = BenchOptions(**json.loads(record.read_text()))
+        recorded = recorded_options(out)
+        assert recorded is not None
         changed = options.differences(recorded)
         if changed:
             raise ConfigError(
@@ -152,12 +153,13 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
     for reason in dict.fromkeys(f"{r.setting.name} · {r.variant.label}: {r.not_applicable}"
                                 for r in runs if r.not_applicable):
         print(f"not applicable, left out: {reason}")
-    todo = [run for run in runs if not run.done and not run.not_applicable]
+    todo = [(position, run) for position, run in enumerate(runs, 1)
+            if not run.done and not run.not_applicable]
     progress = SuiteProgress(len(runs))
     progress.skipped(sum(run.done for run in runs))
-    for i, run in enumerate(todo):
-        progress.started(runs.index(run) + 1, run.name,
-                         [(r.config.workers, r.config.max_time or 0.0) for r in todo[i:]])
+    for i, (position, run) in enumerate(todo):
+        progress.started(position, run.name,
+                         [(r.config.workers, r.config.max_time or 0.0) for _, r in todo[i:]])
         (run.run_dir / FAILED_FILE).unlink(missing_ok=True)
         try:
             outcome = _outcome(launch(run.config).summary)

@@ -121,9 +121,7 @@ SMOKE = Suite(
     max_time=10.0,
 )
 
-_SUITES = [
-    HEADLINE,
-    SMOKE,
+_FULL = [
     Suite("homogeneous", "every protocol, no slowdown",
           (Setting("homogeneous"),), EVERY_PROTOCOL),
     Suite("deterministic", "every protocol, rank 3 slowed 2x, 4x and 8x",
@@ -136,9 +134,9 @@ _SUITES = [
 ]
 _PAPER = Suite(
     "paper", "homogeneous, deterministic, random and scaling together",
-    tuple(s for suite in _SUITES[2:] for s in suite.settings), EVERY_PROTOCOL,
+    tuple(s for suite in _FULL for s in suite.settings), EVERY_PROTOCOL,
 )
-SUITES = {suite.name: suite for suite in [*_SUITES, _PAPER]}
+SUITES = {suite.name: suite for suite in [HEADLINE, SMOKE, *_FULL, _PAPER]}
 
 
 def get_suite(name: str) -> Suite:
