@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,8 @@ __all__ = ["Runtime", "current_runtime", "init"]
 ENV_STORE_PORT = "HETSYNC_STORE_PORT"
 ENV_RUN_DIR = "HETSYNC_RUN_DIR"
 ENV_CONFIG = "HETSYNC_CONFIG"
+#: Torch threads per worker, overriding `thread_count`'s choice.
+ENV_THREADS = "HETSYNC_THREADS"
 PG_TIMEOUT = datetime.timedelta(seconds=120)
 
 
@@ -83,11 +86,18 @@ def init(**defaults: object) -> Runtime:
     Keyword arguments give the run's options (for example `protocol="ddp"`) when no launcher
     gives them: under `hetsync launch` the launcher's options (all of them, defaults included)
     apply instead; under torchrun, `HETSYNC_CONFIG=FILE.toml` overrides them key by key.
+
+    Threads: `HETSYNC_THREADS=N` sets torch's intra-op threads; without it, a worker that
+    shares its machine with other workers (the launcher's, or torchrun's with
+    LOCAL_WORLD_SIZE > 1) gets one thread, so that workers do not fight over cores; a lone
+    process keeps torch's default (see `thread_count`).
     """
     global _RUNTIME
     if _RUNTIME is not None:
         return _RUNTIME
-    torch.set_num_threads(int(os.environ.get("HETSYNC_THREADS", "1")))
+    threads = thread_count(os.environ)
+    if threads is not None:
+        torch.set_num_threads(threads)
     run_dir = Path(os.environ[ENV_RUN_DIR]) if ENV_RUN_DIR in os.environ else None
     config = _read_config(defaults, run_dir)
     rank = int(os.environ.get("RANK", "0"))
@@ -125,6 +135,21 @@ def init(**defaults: object) -> Runtime:
     _install_failure_reporting(_RUNTIME)
     atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)
     return _RUNTIME
+
+
+def thread_count(env: Mapping[str, str]) -> int | None:
+    """Torch threads for a worker with environment `env`; None: keep torch's default.
+
+    One thread when several workers share the machine: the launcher's defaults and
+    torchrun's OMP_NUM_THREADS=1 agree, and emulated slowdowns stay the only heterogeneity.
+    A single process, or torchrun with one process per node, keeps all its cores.
+    """
+    if ENV_THREADS in env:
+        value = env[ENV_THREADS]
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"{ENV_THREADS} must be a positive integer (got {value!r})")
+        return int(value)
+    return 1 if int(env.get("LOCAL_WORLD_SIZE", "1")) > 1 else None
 
 
 def shutdown() -> None:
