@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hetsync.config import RunConfig, load_toml
@@ -18,6 +19,7 @@ from hetsync.errors import ConfigError, WorkerFailed
 
 __all__ = ["main"]
 
+#: What each RunConfig field means: the help of its flag, and its row in docs/configuration.md.
 _RUN_HELP = {
     "protocol": "synchronisation protocol (see `hetsync protocols`)",
     "workload": "built-in workload: cnn, svm, resnet or digits",
@@ -26,14 +28,15 @@ _RUN_HELP = {
     "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE",
     "max_time": "stop after this many seconds",
     "max_iterations": "stop after this many iterations",
-    "target_loss": "stop when the consensus test loss reaches this (default: the workload's)",
+    "target_loss": "target for the consensus test loss: time to target is measured to it",
+    "stop_at_target": "stop every worker once the target loss is reached",
     "seed": "seed for the model, shards and random slowdowns",
-    "batch_size": "minibatch size per worker (default: the workload's)",
-    "lr": "learning rate (default: the workload's)",
-    "momentum": "SGD momentum (default: the workload's)",
-    "out": "run directory (default: runs/LABEL-TIMESTAMP)",
-    "data_dir": "folder with the dataset's IDX files (default: Debian's install location)",
-    "label": "name of the run in plots and tables (default: the protocol)",
+    "batch_size": "minibatch size per worker",
+    "lr": "learning rate",
+    "momentum": "SGD momentum",
+    "out": "run directory",
+    "data_dir": "folder with the dataset's IDX files",
+    "label": "name of the run in plots and tables",
     "eval_every": "seconds between evaluated model snapshots",
     "eval_samples": "held-out samples used to evaluate each worker's own model",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
@@ -51,7 +54,7 @@ _RUN_HELP = {
     "hop_mode": "Hop: queues (token and update queues) or notify-ack (for comparison)",
     "group_size": "Prague: workers per group",
     "schedule": "Prague: random (Group Generator) or static (fixed periodic partitions)",
-    "gg_policy": "Prague: ready (groups of waiting workers, default) or random (the paper's)",
+    "gg_policy": "Prague: ready (groups of waiting workers) or random (the paper's)",
     "group_buffer": "Prague: Group Buffer (fewer conflicts; see --group-buffer-mode)",
     "group_buffer_mode": "Prague: queue (recommended) or batch reading of Group Buffer",
     "group_division": "Prague: Group Division, groups form within K divisions",
@@ -60,8 +63,42 @@ _RUN_HELP = {
     "workers_per_node": "Prague, --schedule static: node size (node-aware schedule)",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
+    "script": "hetsync launch: your script and its arguments",
+}
+#: Defaults that are not a value: what an unset option means.
+_DEFAULT_TEXT = {
+    "max_time": f"{RunConfig.DEFAULT_MAX_TIME:g} s if no iteration limit is set",
+    "max_iterations": "no limit",
+    "target_loss": "the workload's",
+    "batch_size": "the workload's",
+    "lr": "the workload's",
+    "momentum": "the workload's",
+    "out": "runs/LABEL-TIMESTAMP",
+    "data_dir": "Debian's install location",
+    "label": "the protocol",
+    "workers_per_node": "the power-of-two schedule",
 }
 _TYPES = {"out": Path, "data_dir": Path}
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Ends each option's help with its default, unless the help already gives it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if ("default:" in text or not action.option_strings or action.required
+                or action.default in (None, argparse.SUPPRESS)):
+            return text
+        return f"{text} (default: {'off' if action.default is False else '%(default)s'})"
+
+
+def default_text(f: dataclasses.Field[object]) -> str:
+    """A RunConfig field's default in words: its value, or what leaving it unset means."""
+    if f.name in _DEFAULT_TEXT:
+        return _DEFAULT_TEXT[f.name]
+    if isinstance(f.default, bool):
+        return "on" if f.default else "off"
+    return str(f.default)
 
 
 def _flag_type(f: dataclasses.Field[object]) -> type:
@@ -72,20 +109,28 @@ def _flag_type(f: dataclasses.Field[object]) -> type:
 
 
 def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
-    """One flag per RunConfig field; absent flags stay unset so --config can fill them."""
-    parser.add_argument("--config", type=Path, help="TOML file with the same options")
+    """One flag per RunConfig field; absent flags stay unset so --config can fill them.
+
+    Their help shows RunConfig's defaults (the flags' own are SUPPRESS, to tell given from
+    not given); a bool field defaulting to on gets a --no-NAME flag.
+    """
+    parser.add_argument("--config", type=Path, help="TOML file with the same options (see "
+                        "docs/configuration.md; flags given here win) (default: none)")
     for f in dataclasses.fields(RunConfig):
-        if f.name in ("script", "stop_at_target") or (script and f.name == "workload"):
+        if f.name == "script" or (script and f.name == "workload"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        if str(f.type) == "bool":
+        help_text = f"{_RUN_HELP[f.name]} (default: {default_text(f)})".replace("%", "%%")
+        if str(f.type) == "bool" and f.default:
+            parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
+                                default=argparse.SUPPRESS,
+                                help=f"{_RUN_HELP[f.name]}: this flag turns it off (default: on)")
+        elif str(f.type) == "bool":
             parser.add_argument(flag, dest=f.name, action="store_true",
-                                default=argparse.SUPPRESS, help=_RUN_HELP.get(f.name))
-            continue
-        parser.add_argument(flag, dest=f.name, type=_flag_type(f), default=argparse.SUPPRESS,
-                            help=_RUN_HELP.get(f.name))
-    parser.add_argument("--no-stop-at-target", dest="stop_at_target", action="store_false",
-                        default=argparse.SUPPRESS, help="keep training after the target loss")
+                                default=argparse.SUPPRESS, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=_flag_type(f),
+                                default=argparse.SUPPRESS, help=help_text)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,46 +139,53 @@ def build_parser() -> argparse.ArgumentParser:
         description="Heterogeneity-aware decentralized data-parallel training on PyTorch.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="train a built-in workload with N workers")
+    add = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
+    train = add("train", help="train a built-in workload with N workers")
     _add_run_options(train, script=False)
-    launch = sub.add_parser("launch", help="run your own training script with N workers")
+    launch = add("launch", help="run your own training script with N workers")
     _add_run_options(launch, script=True)
-    launch.add_argument("script", nargs=argparse.REMAINDER, help="script.py [its arguments]")
-    report = sub.add_parser("report", help="plots and a table from run directories")
+    launch.add_argument("script", nargs=argparse.REMAINDER, help=_RUN_HELP["script"])
+    report = add("report", help="plots and a table from run directories")
     report.add_argument("runs", nargs="+", type=Path, help="run directories")
     report.add_argument("--out", type=Path, required=True, help="folder for plots and report.md")
-    _add_bench_parser(sub)
-    demo = sub.add_parser("demo", help="the default bench at a small size (4 workers, 30 s runs)")
+    _add_bench_parser(add)
+    demo = add("demo", help="the default bench at a small size (4 workers, 30 s runs)")
     demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder")
     demo.add_argument("--workers", type=int, default=4, help="number of workers")
     demo.add_argument("--max-time", type=float, default=30.0, help="seconds per run at most")
-    sub.add_parser("protocols", help="list the available protocols")
-    sub.add_parser("workloads", help="list the built-in workloads")
+    add("protocols", help="list the available protocols")
+    add("workloads", help="list the built-in workloads")
     return parser
 
 
-def _add_bench_parser(sub: argparse._SubParsersAction) -> None:
+def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """Bench flags stay None when not given (--resume keeps the recorded options)."""
+    from hetsync.bench.runner import BenchOptions
     from hetsync.bench.suites import SUITES
 
-    bench = sub.add_parser(
+    defaults = BenchOptions()
+    bench = add(
         "bench", help="run a benchmark suite: every protocol side by side, tables and plots",
         description="Run a suite of the papers' comparisons into --out: results.json, "
         "results.md and plots. Without --suite: the headline suite (under 10 minutes).",
     )
-    bench.add_argument("--suite", choices=list(SUITES), help="which suite (default: headline)")
+    bench.add_argument("--suite", choices=list(SUITES),
+                       help=f"which suite (default: {defaults.suite})")
     bench.add_argument("--out", type=Path, help="suite folder (default: runs/bench-SUITE)")
-    bench.add_argument("--workload", help="cnn or svm (or another built-in; default: cnn)")
+    bench.add_argument("--workload", help="cnn or svm (or another built-in) (default: "
+                       f"{defaults.workload}, or digits where Fashion-MNIST is not installed)")
     bench.add_argument("--repeats", type=int, help="runs per protocol and setting, with "
-                       "seeds SEED..SEED+R-1; the median is reported (default: 1)")
+                       "seeds SEED..SEED+R-1; the median is reported "
+                       f"(default: {defaults.repeats})")
     bench.add_argument("--workers", type=int, help="workers where the suite does not say "
-                       "(default: 8)")
+                       f"(default: {defaults.workers})")
     bench.add_argument("--step-time", type=float, help="emulated compute per iteration, ms "
-                       "(default: 50)")
+                       f"(default: {defaults.step_time:g})")
     bench.add_argument("--max-time", type=float, help="seconds per run at most (default: the "
                        "suite's)")
     bench.add_argument("--target-loss", type=float, help="target loss (default: the suite's "
                        "for the workload, else the workload's)")
-    bench.add_argument("--seed", type=int, help="first seed (default: 0)")
+    bench.add_argument("--seed", type=int, help=f"first seed (default: {defaults.seed})")
     bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
                        "--out without redoing its finished runs")
     bench.add_argument("--list", action="store_true", help="list the suites and exit")
