@@ -20,18 +20,24 @@ hetsync's own workloads train through exactly this loop (hetsync/launch/worker.p
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Iterable, Iterator
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.config import RunConfig
+from hetsync.metrics.evaluator import Evaluator
+from hetsync.metrics.script_evaluation import EvaluateFn, EvaluationThread, ScriptMeasure
+from hetsync.metrics.summary import summarize, write_summary
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
 from hetsync.protocols import Protocol, Step, get_protocol
 from hetsync.slowdown import pacing
-from hetsync.transport.flat import broadcast_model
+from hetsync.transport.flat import average_model, broadcast_model
 from hetsync.transport.runtime import Runtime, current_runtime
 
 __all__ = ["SyncOptimizer", "prepare"]
@@ -42,12 +48,17 @@ _STOP_POLL_S = 0.25
 Batch = TypeVar("Batch")
 
 
-class SyncOptimizer:
-    """An optimizer wrapper whose `step()` runs the run's protocol around the inner step.
+class SyncOptimizer(torch.optim.Optimizer):
+    """A torch optimizer whose `step()` runs the run's protocol around the inner step.
 
-    Composition, not subclassing (like torch's PostLocalSGDOptimizer): `param_groups`,
-    `state_dict()` and `zero_grad()` are the inner optimizer's.
+    It wraps the user's optimizer (like torch's PostLocalSGDOptimizer) and shares its
+    `param_groups`, `defaults` and `state`, so learning-rate schedulers, `torch.amp.GradScaler`,
+    gradient clipping and checkpoints work on it as on the inner optimizer.
     """
+
+    #: GradScaler hands over `grad_scale` and `found_inf` instead of skipping `step()`: every
+    #: worker must take part in every synchronisation, overflow or not (see `_unscale`).
+    _step_supports_amp_scaling = True
 
     def __init__(
         self,
@@ -57,7 +68,14 @@ class SyncOptimizer:
         *,
         runtime: Runtime | None = None,
         snapshots: bool = False,
+        evaluate: EvaluateFn | None = None,
     ) -> None:
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"hetsync: the model must be a torch.nn.Module, not {model!r}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(
+                f"hetsync: the optimizer must be a torch.optim.Optimizer, not {optimizer!r}"
+            )
         self.runtime = runtime or current_runtime()
         config = self.runtime.config
         if self.runtime.world_size > 1:
@@ -78,38 +96,60 @@ class SyncOptimizer:
         run_dir = self.runtime.run_dir
         self._log = IterationLog(run_dir, self.runtime.rank) if run_dir else None
         self._snapshots = (
-            Snapshotter(run_dir, self.runtime.rank, config.eval_every)
-            if run_dir and snapshots
-            else None
+            Snapshotter(run_dir, self.runtime.rank, config.eval_every) if run_dir else None
         )
+        self._periodic_snapshots = snapshots or evaluate is not None
+        self._evaluation = self._start_evaluation(evaluate) if not snapshots else None
         self.runtime.start_clock()
-        self._step = self._new_step()
+        self._step: Step | None = self._new_step()
         self._heartbeat("compute")
 
     # --- the inner optimizer's surface ------------------------------------------------------
-    @property
+    @property  # type: ignore[override]
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
+
+    @property  # type: ignore[override]
+    def defaults(self) -> dict[str, Any]:
+        return self.optimizer.defaults
+
+    @property  # type: ignore[override]
+    def state(self) -> Any:
+        return self.optimizer.state
+
+    def __repr__(self) -> str:
+        return f"SyncOptimizer({self.protocol.name}, {self.optimizer!r})"
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "iteration": self.iteration}
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise NotImplementedError(
+            "hetsync: add the parameter group to the optimizer before hetsync.prepare(): the "
+            "protocol synchronises the parameters it was built with"
+        )
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.iteration = int(state.get("iteration", 0))
-        self._step = self._new_step()
+    def state_dict(self) -> dict[str, Any]:
+        """The inner optimizer's state dict: a checkpoint loads into either optimizer."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state_dict)
 
     # --- the iteration ------------------------------------------------------------------------
     def request_stop(self) -> None:
         """Ask to stop after the current iteration (agreed with the others where needed)."""
         self._stop_requested = True
 
-    def step(self, loss: torch.Tensor | float | None = None) -> Step:
+    def step(self, loss: torch.Tensor | float | None = None) -> Step:  # type: ignore[override]
         """Synchronise and apply one optimizer step; returns this iteration's record."""
         step = self._step
+        if step is None:
+            raise RuntimeError(
+                "hetsync: step() after the run stopped; end the loop when "
+                "optimizer.should_stop is set (optimizer.iterate() does)"
+            )
+        self._unscale()
         self.protocol.before_optimizer_step(step)
         if not step.skip_optimizer_step:
             self.optimizer.step()
@@ -117,7 +157,9 @@ class SyncOptimizer:
         self.iteration = step.iteration
         self.should_stop = step.stop
         self._record(step, loss)
-        self._step = self._new_step()
+        # No iteration begins after the last: a protocol that starts its exchange when an
+        # iteration begins (D-PSGD, AD-PSGD) would start one that nobody finishes.
+        self._step = None if step.stop else self._new_step()
         return step
 
     def iterate(self, loader: Iterable[Batch], epochs: int | None = None) -> Iterator[Batch]:
@@ -140,16 +182,18 @@ class SyncOptimizer:
             self.close()
 
     def close(self) -> None:
-        """Write the final snapshot and logs; release the protocol's resources (idempotent)."""
+        """Write the final snapshot and logs; release the protocol's resources (idempotent).
+        On rank 0 of a script's run, evaluate the final models and, without a launcher to
+        do it, write `summary.json`."""
         if self._closed:
             return
         self._closed = True
-        if self._snapshots is not None:
-            self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)
         if self._log is not None:
             self._log.close()
         self._heartbeat("closing")  # a protocol may wait here for its neighbours to stop
         self.protocol.close()
+        if self._snapshots is not None:  # after close(): a passive AD-PSGD worker serves until
+            self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)
         if self.runtime.launched:
             self.runtime.store.set(f"stopped/{self.runtime.rank}", self.stop_reason or "")
         self._heartbeat("done")
@@ -157,6 +201,29 @@ class SyncOptimizer:
             # Leave together: a rank tearing down its gloo pairs while a peer still uses them
             # made the peer abort at exit now and then (about 1 run in 10 without this).
             dist.barrier()
+        if self._evaluation is not None:
+            self._evaluation.finish()  # every final snapshot exists after the barrier
+            if not self.runtime.launched and self.runtime.run_dir is not None:
+                config = self.runtime.config
+                write_summary(self.runtime.run_dir,
+                              summarize(self.runtime.run_dir, config, self.stop_reason))
+
+    def consensus_model(self) -> nn.Module:
+        """A copy of the model holding the average of every worker's final model.
+
+        A collective: every rank calls it, after the training loop (`iterate()` has ended or
+        `close()` was called). Floating-point parameters and buffers (BatchNorm statistics)
+        are averaged; integer buffers (batch counters) are this worker's.
+        """
+        if not self._closed:
+            raise RuntimeError(
+                "hetsync: consensus_model() averages the final models: call it after the "
+                "training loop (when iterate() has ended, or after close()) on every rank"
+            )
+        model = copy.deepcopy(self._raw_model)
+        if self.runtime.world_size > 1:
+            average_model(model, self.runtime.backend)
+        return model
 
     def __enter__(self) -> SyncOptimizer:
         return self
@@ -184,6 +251,35 @@ class SyncOptimizer:
         step.compute_s, step.injected_delay_s = compute + pad, delay
         step.wants_stop = self._wants_stop(step.iteration)
 
+    def _unscale(self) -> None:
+        """Under `GradScaler.step(optimizer)`: unscale the gradients before they are shared.
+        A worker whose gradients overflowed contributes zeros instead of skipping the step,
+        since the others are waiting for it; its scaler still backs off its scale."""
+        scale = getattr(self, "grad_scale", None)
+        found_inf = getattr(self, "found_inf", None)
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads or (scale is None and found_inf is None):
+            return
+        with torch.no_grad():
+            if found_inf is not None and float(found_inf) > 0:
+                torch._foreach_zero_(grads)
+            elif scale is not None:
+                torch._foreach_mul_(grads, 1.0 / float(scale))
+
+    def _start_evaluation(self, evaluate: EvaluateFn | None) -> EvaluationThread | None:
+        """Rank 0 of a script's run evaluates the consensus of the snapshots (see
+        hetsync.metrics.script_evaluation); the launcher does it for built-in workloads."""
+        rt = self.runtime
+        if rt.rank != 0 or rt.run_dir is None:
+            return None
+        if not rt.launched:
+            (rt.run_dir / "config.json").write_text(rt.config.to_json() + "\n")
+        on_consensus = partial(_stop_at_target, rt.store, rt.config)
+        measure = ScriptMeasure(self._raw_model, evaluate) if evaluate is not None else None
+        evaluator = Evaluator(rt.run_dir, rt.world_size, measure, per_worker=False,
+                              keep_snapshots=rt.config.keep_snapshots, on_consensus=on_consensus)
+        return EvaluationThread(evaluator, poll=evaluate is not None)
+
     def _wants_stop(self, iteration: int) -> bool:
         config = self.runtime.config
         reason = None
@@ -193,7 +289,7 @@ class SyncOptimizer:
             reason = "max_iterations"
         elif config.max_time is not None and self.runtime.elapsed() >= config.max_time:
             reason = "max_time"
-        elif self.runtime.launched and time.monotonic() >= self._next_stop_poll:
+        elif time.monotonic() >= self._next_stop_poll:
             self._next_stop_poll = time.monotonic() + _STOP_POLL_S
             if self.runtime.store.check([STOP_KEY]):
                 reason = self.runtime.store.get(STOP_KEY).decode()
@@ -217,7 +313,7 @@ class SyncOptimizer:
                     **step.extra,
                 }
             )
-        if self._snapshots is not None:
+        if self._snapshots is not None and self._periodic_snapshots:
             self._snapshots.maybe_snapshot(self._raw_model, elapsed, step.iteration)
         self._heartbeat("compute")
 
@@ -227,9 +323,25 @@ class SyncOptimizer:
             rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}")
 
 
+def _stop_at_target(store: dist.Store, config: RunConfig, _t: float, loss: float) -> None:
+    """Ask every worker to stop once the consensus model reaches the target loss."""
+    if config.stop_at_target and config.target_loss is not None and loss <= config.target_loss:
+        store.set(STOP_KEY, "target_loss")
+
+
 def prepare(
-    model: nn.Module, optimizer: torch.optim.Optimizer, protocol: str | None = None
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    protocol: str | None = None,
+    *,
+    evaluate: EvaluateFn | None = None,
 ) -> tuple[nn.Module, SyncOptimizer]:
-    """Return the module to call in the forward pass and the synchronising optimizer."""
-    sync = SyncOptimizer(optimizer, model, protocol)
+    """Return the module to call in the forward pass and the synchronising optimizer.
+
+    `evaluate(model)`, given on every rank, measures a model on held-out data (return the
+    loss, `(loss, accuracy)` or `{"loss": ..., "accuracy": ...}`): rank 0 calls it on the
+    consensus model every `--eval-every` seconds, off the training path, which gives the run
+    loss and accuracy against time, a time to target and the final figures in summary.json.
+    """
+    sync = SyncOptimizer(optimizer, model, protocol, evaluate=evaluate)
     return sync.model, sync

@@ -140,7 +140,7 @@ class _EvaluationThread:
     def __init__(self, config: RunConfig, run_dir: Path, control: dist.Store) -> None:
         self.config, self.control = config, control
         self.error: BaseException | None = None
-        self.evaluator = Evaluator(
+        self.evaluator = Evaluator.for_workload(
             run_dir,
             get_workload(config.workload),
             config.workers,

@@ -68,7 +68,7 @@ def run_under_torchrun(config: RunConfig) -> None:
             dist.barrier()
         if runtime.rank == 0:
             (out / "config.json").write_text(config.to_json() + "\n")
-            evaluator = Evaluator(
+            evaluator = Evaluator.for_workload(
                 out, get_workload(config.workload), runtime.world_size, config.eval_samples,
                 data_dir=config.data_dir, keep_snapshots=config.keep_snapshots,
             )

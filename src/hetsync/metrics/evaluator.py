@@ -14,6 +14,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from torch import nn
 from hetsync.metrics.worker_log import snapshot_path
 from hetsync.workloads import Workload
 
-__all__ = ["Evaluator", "average_states", "consensus_distance"]
+__all__ = ["Evaluator", "Measure", "WorkloadMeasure", "average_states", "consensus_distance"]
 
 WORKER_EVAL_PERIOD = 5
 
@@ -45,32 +46,68 @@ def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return averaged
 
 
+class Measure(Protocol):
+    """Loss and accuracy of a model state: the whole held-out split, or a fixed subset."""
+
+    def __call__(
+        self, state: dict[str, torch.Tensor], subset: bool
+    ) -> tuple[float | None, float | None]: ...
+
+
+class WorkloadMeasure:
+    """A built-in workload's held-out split, measured with its loss and accuracy."""
+
+    def __init__(self, workload: Workload, eval_samples: int, data_dir: Path | None = None) -> None:
+        data = workload.load(data_dir)
+        self.test_x, self.test_y = data.test_x, data.test_y
+        order = torch.randperm(len(self.test_y), generator=torch.Generator().manual_seed(0))
+        self.subset = order[: min(eval_samples, len(order))]
+        self.workload = workload
+        self.model: nn.Module = workload.build_model()
+
+    @torch.no_grad()
+    def __call__(self, state: dict[str, torch.Tensor], subset: bool) -> tuple[float, float]:
+        self.model.load_state_dict(state)
+        self.model.eval()
+        x = self.test_x[self.subset] if subset else self.test_x
+        y = self.test_y[self.subset] if subset else self.test_y
+        total_loss, correct = 0.0, 0
+        for start in range(0, len(y), 1000):
+            out = self.model(x[start : start + 1000])
+            target = y[start : start + 1000]
+            total_loss += float(self.workload.loss(out, target)) * len(target)
+            correct += self.workload.correct(out, target)
+        return total_loss / len(y), correct / len(y)
+
+
 class Evaluator:
     """Turns `snapshots/` into rows of `eval.jsonl` (see docs/run-directory.md)."""
 
     def __init__(
         self,
         run_dir: Path,
-        workload: Workload,
         world: int,
-        eval_samples: int,
-        data_dir: Path | None = None,
+        measure: Measure | None,
         per_worker: bool = True,
         keep_snapshots: bool = False,
         on_consensus: Callable[[float, float], None] | None = None,
     ) -> None:
-        self.run_dir, self.world = run_dir, world
-        self.per_worker, self.keep = per_worker, keep_snapshots
+        """`measure` None: rows carry only the consensus distance (a script without an
+        evaluation function)."""
+        self.run_dir, self.world, self.measure = run_dir, world, measure
+        self.per_worker = per_worker and measure is not None
+        self.keep = keep_snapshots
         self.on_consensus = on_consensus
-        data = workload.load(data_dir)
-        self.test_x, self.test_y = data.test_x, data.test_y
-        subset = torch.randperm(len(self.test_y), generator=torch.Generator().manual_seed(0))
-        self.subset = subset[: min(eval_samples, len(subset))]
-        self.workload = workload
-        self.model: nn.Module = workload.build_model()
         self._out = (run_dir / "eval.jsonl").open("a")
         self.latest_loss: float | None = None
         self._sets_evaluated = 0
+
+    @classmethod
+    def for_workload(
+        cls, run_dir: Path, workload: Workload, world: int, eval_samples: int,
+        data_dir: Path | None = None, **options: Any,
+    ) -> Evaluator:
+        return cls(run_dir, world, WorkloadMeasure(workload, eval_samples, data_dir), **options)
 
     def poll(self, every_set: bool = False) -> int:
         """Evaluate the newest complete snapshot set (or all, post hoc) and drop the evaluated
@@ -111,37 +148,26 @@ class Evaluator:
         states = [item["state"] for item in loaded]
         iterations = [int(item["iteration"]) for item in loaded]
         t = max(float(item.get("t", 0.0)) for item in loaded)
-        loss, accuracy = self._measure(average_states(states), None)  # the whole split
+        loss, accuracy = self._measure(average_states(states), subset=False)
         name = "final" if index == "final" else "consensus"
         row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations,
                "consensus_distance": consensus_distance(states)}
         self._write(row)
-        if name == "consensus":
+        if name == "consensus" and loss is not None:
             self.latest_loss = loss
             if self.on_consensus is not None:
                 self.on_consensus(t, loss)
         if self.per_worker and not full and self._sets_evaluated % WORKER_EVAL_PERIOD == 0:
             for rank, state in enumerate(states):
-                w_loss, w_acc = self._measure(state, self.subset)
+                w_loss, w_acc = self._measure(state, subset=True)
                 self._write({**row, "model": f"rank{rank}", "loss": w_loss, "accuracy": w_acc})
         self._sets_evaluated += 1
         return row
 
-    @torch.no_grad()
     def _measure(
-        self, state: dict[str, torch.Tensor], indices: torch.Tensor | None
-    ) -> tuple[float, float]:
-        self.model.load_state_dict(state)
-        self.model.eval()
-        x = self.test_x if indices is None else self.test_x[indices]
-        y = self.test_y if indices is None else self.test_y[indices]
-        total_loss, correct = 0.0, 0
-        for start in range(0, len(y), 1000):
-            out = self.model(x[start : start + 1000])
-            target = y[start : start + 1000]
-            total_loss += float(self.workload.loss(out, target)) * len(target)
-            correct += self.workload.correct(out, target)
-        return total_loss / len(y), correct / len(y)
+        self, state: dict[str, torch.Tensor], subset: bool
+    ) -> tuple[float | None, float | None]:
+        return self.measure(state, subset) if self.measure is not None else (None, None)
 
     def _write(self, row: dict[str, object]) -> None:
         self._out.write(json.dumps(row) + "\n")

@@ -36,7 +36,7 @@ from hetsync.errors import ConfigError
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
-from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32
@@ -73,6 +73,7 @@ class ADPSGD(Protocol):
         config, rank = runtime.config, runtime.rank
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
+        self.drift = BufferDrift(model)
         naive = config.adpsgd_mode == "naive"
         self.active = naive or rank % 2 == 1
         self.passive = naive or rank % 2 == 0
@@ -82,7 +83,7 @@ class ADPSGD(Protocol):
         self.lock = threading.Lock()
         self.rng = random.Random(f"adpsgd/{config.seed}/{rank}")
         self._naive = naive
-        self._pending: tuple[int, torch.Tensor, list[dist.Work]] | None = None
+        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work]] | None = None
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
@@ -113,7 +114,7 @@ class ADPSGD(Protocol):
                  dist.irecv(reply, partner, tag=_REPLY_TAG)]
         step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
-        self._pending = (partner, reply, works)
+        self._pending = (message, reply, works)
 
     def before_optimizer_step(self, step: Step) -> None:
         self._started.set()
@@ -122,14 +123,8 @@ class ADPSGD(Protocol):
         step.begin_sync()
         self._raise_server_error()
         if self._pending is not None:
-            _, reply, works = self._pending
             with step.blocking():
-                for work in works:
-                    work.wait()
-            self._load(reply)
-            self._pending = None
-            if self._naive:
-                self.lock.release()
+                self._finish_request()
         if self.passive:
             self.lock.acquire()  # the optimizer step must not interleave with a served average
 
@@ -138,9 +133,25 @@ class ADPSGD(Protocol):
             self.lock.release()
         step.stop = step.wants_stop
 
+    def _finish_request(self) -> None:
+        """Wait for the partner's average and load it: the partner has already applied it,
+        so not loading it would break the conservation of the sum of the models."""
+        assert self._pending is not None
+        message, reply, works = self._pending
+        for work in works:
+            work.wait()
+        self._load(self.drift.apply(reply[:-1], message))
+        self._pending = None
+        if self._naive:
+            self.lock.release()
+
     def close(self) -> None:
-        """Say goodbye to every partner, then wait until every client has said goodbye."""
+        """Finish a request begun by an iteration that never ran (the script's loop ended
+        without the run stopping), say goodbye to every partner, then wait until every
+        client has said goodbye."""
         self._started.set()
+        if self._pending is not None:
+            self._finish_request()
         if self.active:
             for partner in self.partners:
                 dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG)

@@ -2,7 +2,10 @@
 
 The baseline that runs at the speed of the slowest worker. Gradients are flattened into one
 buffer, divided by the world size and summed with a single `all_reduce`, as DDP's default
-communication hook does, so that `allreduce` and `ddp` compute the same numbers.
+communication hook does, so that `allreduce` and `ddp` compute the same parameters. Floating
+buffers (BatchNorm statistics) ride in the same buffer and are averaged: every worker ends
+each iteration with the statistics of all workers' batches (DDP instead broadcasts rank 0's
+at every forward pass, which keeps only rank 0's batches).
 """
 
 from __future__ import annotations
@@ -26,12 +29,14 @@ class AllReduce(Protocol):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params if p.grad is not None]
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         world = self.runtime.world_size
-        flat = flatten_with_vote(grads, step.wants_stop)
+        flat = flatten_with_vote(grads + buffers, step.wants_stop)
         flat[:-1].div_(world)
         with step.blocking():
             dist.all_reduce(flat)
-        unflatten_into(flat[:-1], grads)
+        with torch.no_grad():
+            unflatten_into(flat[:-1], grads + buffers)
         step.stop = bool(flat[-1] > 0)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
 

@@ -26,7 +26,7 @@ from hetsync.cores.stop_agreement import StopAgreement
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
-from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
@@ -58,6 +58,7 @@ class DPSGD(Protocol):
         config = runtime.config
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
+        self.drift = BufferDrift(model)
         self.agreement = StopAgreement(flood_hops(self.topology), config.max_iterations)
         self._exchange: _Exchange | None = None
 
@@ -95,9 +96,18 @@ class DPSGD(Protocol):
             if buf[-1] >= 0:
                 self.agreement.merge(float(buf[-1]))
         with torch.no_grad():
-            unflatten_into(average, self.tensors)
+            unflatten_into(self.drift.apply(average, send), self.tensors)
         step.stop = self.agreement.should_stop(step.iteration)
         self._exchange = None
+
+    def close(self) -> None:
+        """An exchange begun by an iteration that never ran (the script's loop ended without
+        the run stopping, as every rank does at the same iteration) is finished, not left in
+        flight; its average is not applied."""
+        if self._exchange is not None:
+            for work in self._exchange[2]:
+                work.wait()
+            self._exchange = None
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: the gradient lands on the averaged model."""

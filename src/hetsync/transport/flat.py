@@ -13,12 +13,15 @@ import torch.distributed as dist
 from torch import nn
 
 __all__ = [
+    "BufferDrift",
+    "average_model",
     "broadcast_model",
     "flatten",
     "flatten_with_vote",
     "model_tensors",
     "ring_allreduce_bytes",
     "unflatten_into",
+    "wire_device",
 ]
 
 
@@ -54,6 +57,49 @@ def ring_allreduce_bytes(buffer: torch.Tensor, world_size: int) -> int:
 def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     """The tensors that make up a model's state to share: parameters and floating buffers."""
     return [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+
+
+def wire_device(backend: str, device: torch.device) -> torch.device:
+    """Where a buffer must be for `backend` to send it: NCCL sends device memory, gloo host
+    memory (on a CPU-only run the staging copy is a no-op, so that path runs the same code)."""
+    return device if backend == "nccl" else torch.device("cpu")
+
+
+def average_model(model: nn.Module, backend: str) -> None:
+    """Set `model`'s floating parameters and buffers to their average over all workers."""
+    tensors = model_tensors(model)
+    if not tensors:
+        return
+    with torch.no_grad():
+        flat = flatten(tensors)
+        wire = flat.to(wire_device(backend, flat.device))
+        dist.all_reduce(wire)
+        wire.div_(dist.get_world_size())
+        unflatten_into(wire.to(flat.device), tensors)
+
+
+class BufferDrift:
+    """Keeps the forward pass's update of a model's buffers through an average of old copies.
+
+    D-PSGD and AD-PSGD send the model when an iteration begins and write the average back
+    after the forward pass; for BatchNorm statistics, which the forward pass itself moves,
+    writing the average back would undo that move every iteration. The buffers' part of the
+    average is corrected by what they moved since they were sent: x <- avg + (x_now - x_sent).
+    Parameters, which the forward pass does not touch, take the average as it is.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.offset = sum(p.numel() for p in model.parameters() if p.is_floating_point())
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+
+    def apply(self, average: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
+        """`average` with its buffer part corrected in place; `sent` is what was sent (the
+        average's layout, trailing headers allowed)."""
+        if self.buffers:
+            end = self.offset + sum(b.numel() for b in self.buffers)
+            now = torch.cat([b.detach().reshape(-1) for b in self.buffers])
+            average[self.offset : end].add_(now - sent[self.offset : end])
+        return average
 
 
 def broadcast_model(model: nn.Module, src: int = 0) -> None:

@@ -9,6 +9,7 @@ per local rank), gloo otherwise.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime
 import faulthandler
 import os
@@ -124,6 +125,9 @@ def init(**defaults: object) -> Runtime:
             device_id=device if backend == "nccl" else None,
         )
         store = dist.distributed_c10d._get_default_store()
+        config = dataclasses.replace(config, workers=world)
+        if run_dir is None:
+            run_dir = _agree_on_run_dir(dist.PrefixStore("hetsync", store), rank, config)
     else:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
@@ -162,6 +166,16 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
     _RUNTIME = None
+
+
+def _agree_on_run_dir(store: dist.Store, rank: int, config: RunConfig) -> Path:
+    """Under torchrun without `out`: rank 0 names a fresh run directory for everyone (the
+    ranks' clocks may disagree on the time stamp in the name)."""
+    if rank == 0:
+        from hetsync.launch.launcher import default_out  # the launcher's naming, imported late
+
+        store.set("run_dir", str(default_out(config).resolve()))
+    return Path(store.get("run_dir").decode())
 
 
 def _read_config(defaults: dict[str, object], run_dir: Path | None) -> RunConfig:

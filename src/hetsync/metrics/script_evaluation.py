@@ -1,0 +1,90 @@
+"""Evaluation of a user's script: its own `evaluate(model)` on the consensus of the snapshots.
+
+hetsync cannot rebuild a user's model in another process, so rank 0 evaluates it, in a thread
+beside its own training: every `--eval-every` seconds it averages the newest complete set of
+the workers' snapshots into a copy of the model and calls the script's function on it. That
+keeps evaluation off every worker's critical path but costs rank 0 the CPU the function uses;
+a heavy evaluation wants a larger `--eval-every`. Without a function, only the final set is
+read, for the consensus distance of the final models.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from hetsync.metrics.evaluator import Evaluator
+
+__all__ = ["EvaluateFn", "EvaluationThread", "ScriptMeasure", "parse_result"]
+
+#: A script's evaluation: the model (in eval mode, without gradients) -> its held-out loss, as
+#: a number, a `(loss, accuracy)` pair or a mapping with "loss" and optionally "accuracy".
+EvaluateFn = Callable[[nn.Module], object]
+
+
+def parse_result(result: object) -> tuple[float, float | None]:
+    """Loss and accuracy from what an evaluation function returned; a clear error otherwise."""
+    if isinstance(result, Mapping) and "loss" in result:
+        accuracy = result.get("accuracy")
+        return float(result["loss"]), None if accuracy is None else float(accuracy)
+    if isinstance(result, tuple) and len(result) == 2:
+        return float(result[0]), None if result[1] is None else float(result[1])
+    if isinstance(result, (int, float, torch.Tensor)):
+        return float(result), None
+    raise TypeError(
+        "hetsync: evaluate(model) must return the loss, (loss, accuracy) or "
+        f"{{'loss': ..., 'accuracy': ...}}; it returned {type(result).__name__}"
+    )
+
+
+class ScriptMeasure:
+    """Loads a state into a private copy of the script's model and calls its function."""
+
+    def __init__(self, template: nn.Module, evaluate: EvaluateFn) -> None:
+        self.model = copy.deepcopy(template)
+        self.evaluate = evaluate
+
+    def __call__(self, state: dict[str, torch.Tensor], subset: bool) -> tuple[float, float | None]:
+        self.model.load_state_dict(state)
+        self.model.eval()
+        with torch.no_grad():
+            return parse_result(self.evaluate(self.model))
+
+
+class EvaluationThread:
+    """Polls an Evaluator beside training (`poll`), then `finish()` evaluates what is left
+    and the final set."""
+
+    def __init__(self, evaluator: Evaluator, poll: bool = True, period_s: float = 0.3) -> None:
+        self.evaluator = evaluator
+        self.error: BaseException | None = None
+        self._period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="hetsync-eval", daemon=True)
+        if poll:
+            self._thread.start()
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.wait(self._period_s):
+                self.evaluator.poll()
+        except BaseException as error:  # noqa: BLE001 - surfaced by raise_error()
+            self.error = error
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the evaluation failed: {self.error!r}") from self.error
+
+    def abandon(self) -> None:
+        self._stop.set()
+
+    def finish(self) -> dict[str, float] | None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.raise_error()
+        return self.evaluator.finish()
