@@ -313,6 +313,9 @@ def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
     if summary["final_loss"] is not None:
         parts.append(f"final loss {summary['final_loss']:.4f}")
     parts.append(f"sync wait {100 * float(summary['sync_wait_fraction']):.0f}%")
+    distance = summary.get("final_consensus_distance")
+    if distance is not None:
+        parts.append(f"final models {float(distance):.2g} apart (consensus distance)")
     print(", ".join(parts) + f" -> {run_dir}")
 
 

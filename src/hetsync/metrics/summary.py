@@ -39,9 +39,11 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
     target = config.target_loss
     reached = [
         row["t"] for row in evals
-        if row["model"] in ("consensus", "final") and target is not None and row["loss"] <= target
+        if row["model"] in ("consensus", "final") and target is not None
+        and row.get("loss") is not None and row["loss"] <= target
     ]
     final = next((row for row in reversed(evals) if row["model"] == "final"), None)
+    measured = final if final is not None and final.get("loss") is not None else None
     samples_per_s = round(sum(iterations) * batch / wall, 2) if wall > 0 and batch else None
     ideal = ideal_samples_per_s(config)
     return {
@@ -62,8 +64,9 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
         "iterations_per_s": round(sum(iterations) / wall, 2) if wall > 0 else 0.0,
         "time_to_target_s": round(min(reached), 3) if reached else None,
         "target_loss": target,
-        "final_loss": final["loss"] if final else _last_train_loss(workers),
-        "final_accuracy": final["accuracy"] if final else None,
+        "final_loss": measured["loss"] if measured else _last_train_loss(workers),
+        "final_accuracy": measured["accuracy"] if measured else None,
+        "final_consensus_distance": final.get("consensus_distance") if final else None,
         "sync_wait_fraction": round(sync_wait / busy, 4) if busy > 0 else 0.0,
         "stop_reason": stop_reason,
     }

@@ -41,7 +41,8 @@ def unique_slugs(runs: list[Run]) -> list[str]:
 
 def consensus_rows(run: Run) -> list[dict]:
     """The consensus-model evaluations (the final one included), in time order."""
-    rows = [row for row in run.eval_rows if row.get("model") in ("consensus", "final")]
+    rows = [row for row in run.eval_rows
+            if row.get("model") in ("consensus", "final") and row.get("loss") is not None]
     return sorted(rows, key=lambda row: row["t"])
 
 

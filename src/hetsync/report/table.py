@@ -67,6 +67,7 @@ _COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("target loss", lambda s: sig(s.get("target_loss"))),
     ("final loss", lambda s: sig(s.get("final_loss"))),
     ("final accuracy", lambda s: percent(s.get("final_accuracy"))),
+    ("final consensus distance", lambda s: sig(s.get("final_consensus_distance"))),
     ("sync wait (%)", lambda s: percent(s.get("sync_wait_fraction"))),
     ("iterations (min / median / max)", lambda s: iteration_spread(s.get("iterations"))),
 ]
