@@ -8,6 +8,13 @@ in-neighbour. So on every edge i->j, Iter(i) - Iter(j) <= max_gap at all times, 
 never has more than max_gap + 1 updates outstanding at a receiver: queues stay bounded
 whatever the collection rule, which is what makes the rules below safe.
 
+The tokens i holds for j are max_gap + Iter(j) - Iter(i), and j can lead i only as far as the
+path back lets it: by max_gap per edge, so i holds at most (1 + dist(j->i)) * max_gap. Where j
+also sends to i that is 2 * max_gap, and this core checks it. Over a one-way edge the path back
+runs through other workers (with backup or skipping, j need not wait for i's updates), and a
+worker stops waiting for the tokens of a neighbour that stopped, so no bound is local: none is
+checked.
+
 Which updates iteration k uses, per in-neighbour j (`staleness` s):
 - the freshest update with tag in [k - s, k];
 - if j has already sent a later tag but none in the window, j skipped iteration k: its
@@ -291,9 +298,10 @@ class HopCore:
             raise RemoteProtocolError(f"rank {self.rank}: tokens from {event.src}, "
                                       "not an out-neighbour")
         self.tokens[event.src] += event.count
-        if self.tokens[event.src] > 2 * self.config.tokens:
+        if event.src in self.held and self.tokens[event.src] > 2 * self.config.tokens:
             raise RemoteProtocolError(f"rank {self.rank}: {self.tokens[event.src]} tokens "
-                                      f"from {event.src}, more than twice the max gap")
+                                      f"from {event.src}, which also sends to this worker: "
+                                      "more than twice the max gap")
 
     # --- starting an iteration ------------------------------------------------------------
     def _live_out(self) -> tuple[int, ...]:
