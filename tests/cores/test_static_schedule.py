@@ -1,11 +1,15 @@
 from __future__ import annotations
 
 import itertools
+import random
 
 import networkx as nx
 import pytest
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 
 from hetsync.cores.static_schedule import (
+    StaticStop,
     node_aware,
     power_of_two_blocks,
     split_evenly,
@@ -137,3 +141,97 @@ def test_bad_arguments_and_helpers():
         static_group(power_of_two_blocks(4), 1, 7)
     assert split_evenly(range(7), 3) == [(0, 1), (2, 3), (4, 5, 6)]
     assert power_of_two_blocks(1) == [((0,),)]
+
+
+def _run_static(world, per_node, max_iterations, wishes, speeds, seed):
+    """Workers on the static schedule, interleaved at random (faster ones picked more often):
+    after each step a worker takes its stop decisions as Prague's driver does (the store is a
+    dict whose first proposal wins), then waits for its group of that step. Returns each
+    rank's last step and the agreed step (None if none was proposed). `wishes[r]`: the step
+    from which rank r's other stop conditions hold (None: never)."""
+    period = static_schedule(world, per_node)
+    rng = random.Random(seed)
+    store: dict[str, int] = {}
+    stops = [StaticStop(len(period) * world, max_iterations) for _ in range(world)]
+    step = [1] * world
+    waiting: dict[int, tuple[int, ...]] = {}  # rank -> its group at step[rank]
+    last: dict[int, int] = {}
+    while len(last) < world:
+        for group in {g for r, g in waiting.items() if all(
+                waiting.get(m) == g and step[m] == step[r] for m in g)}:
+            for m in group:
+                del waiting[m]
+                if stops[m].stops_after(step[m]):
+                    last[m] = step[m]
+                else:
+                    step[m] += 1
+        computing = [r for r in range(world) if r not in waiting and r not in last]
+        if not computing:
+            assert len(last) == world, f"deadlock: {waiting} wait, {last} left"
+            break
+        r = rng.choices(computing, [speeds[c] for c in computing])[0]
+        t, stop = step[r], stops[r]
+        wants = (wishes[r] is not None and t >= wishes[r]) or t >= (max_iterations or t + 1)
+        proposal = stop.proposal(t, wants)
+        if proposal is not None:
+            stop.learn(store.setdefault("stop", proposal), t)
+        elif stop.needs_news(t) and "stop" in store:
+            stop.learn(store["stop"], t)
+        waiting[r] = static_group(period, t, r)
+    return last, store.get("stop")
+
+
+def _max_iterations(world, per_node):
+    """K below the period, around a few periods (mostly not multiples), large, or None."""
+    period = len(static_schedule(world, per_node))
+    return st.one_of(st.none(), st.integers(1, max(1, period - 1)),
+                     st.integers(1, 4 * period + 1), st.integers(200, 400))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), world=st.integers(1, 12), per_node=st.none() | st.integers(1, 4),
+       speeds=st.lists(st.sampled_from([0.05, 1.0, 20.0]), min_size=12, max_size=12),
+       seed=st.integers(0, 2**16))
+@example(data=None, world=4, per_node=None, speeds=[1.0] * 12, seed=0)  # the reported run
+def test_with_max_iterations_alone_every_worker_stops_after_exactly_that_step(
+    data, world, per_node, speeds, seed
+):
+    max_iterations = 3 if data is None else data.draw(_max_iterations(world, per_node))
+    assume(max_iterations is not None)
+    last, agreed = _run_static(world, per_node, max_iterations, [None] * world, speeds, seed)
+    assert last == dict.fromkeys(range(world), max_iterations)
+    assert agreed is None  # a foreseen stop needs no proposal
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), world=st.integers(1, 12), per_node=st.none() | st.integers(1, 4),
+       wishes=st.lists(st.none() | st.integers(1, 300), min_size=12, max_size=12),
+       speeds=st.lists(st.sampled_from([0.05, 1.0, 20.0]), min_size=12, max_size=12),
+       seed=st.integers(0, 2**16))
+def test_other_stops_are_agreed_and_never_come_after_max_iterations(
+    data, world, per_node, wishes, speeds, seed
+):
+    max_iterations = data.draw(_max_iterations(world, per_node))
+    wishes = wishes[:world]
+    assume(max_iterations is not None or any(w is not None for w in wishes))
+    last, agreed = _run_static(world, per_node, max_iterations, wishes, speeds, seed)
+    ends = [s for s in (max_iterations, agreed) if s is not None]
+    assert set(last.values()) == {min(ends)}
+    lead = len(static_schedule(world, per_node)) * world
+    assert agreed is None or agreed <= min(w for w in wishes if w is not None) + lead
+
+
+def test_static_stop_proposes_only_a_stop_that_comes_first_and_refuses_a_late_one():
+    stop = StaticStop(lead=8, max_iterations=20)
+    assert stop.proposal(12, wants_stop=False) is None
+    assert stop.proposal(12, wants_stop=True) is None  # 20 comes before 12 + 8
+    assert stop.proposal(11, wants_stop=True) == 19
+    assert stop.stop_at == 20 and stop.needs_news(19) and not stop.needs_news(20)
+    stop.learn(19, 11)
+    assert stop.stop_at == 19 and not stop.needs_news(11) and stop.proposal(12, True) is None
+    assert not stop.stops_after(18) and stop.stops_after(19)
+    with pytest.raises(RuntimeError, match="learnt the stop step 5 only at step 6"):
+        StaticStop(lead=8).learn(5, 6)
+    with pytest.raises(ValueError, match="lead"):
+        StaticStop(lead=0)
+    assert StaticStop(lead=8).stop_at is None

@@ -26,6 +26,20 @@ def test_zero_lr_conserves_the_sum_and_reaches_consensus(options, check_zero_lr_
     check_zero_lr_consensus(protocol="prague", max_iterations=120, **options)
 
 
+@pytest.mark.parametrize(
+    "options", [{"schedule": "static"}, {"gg_policy": "random"}, {"group_size": 2}],
+    ids=["static schedule", "random groups", "ready groups"],
+)
+def test_max_iterations_is_run_exactly_by_every_worker_and_conserves_the_sum(
+    options, check_zero_lr_consensus
+):
+    """A stop every worker foresees needs no agreement: 3 iterations, not 3 + period x world
+    (the static schedule ran 19 with 4 workers). Too few to reach consensus."""
+    result = check_zero_lr_consensus(protocol="prague", max_iterations=3, consensus=False,
+                                     **options)
+    assert result.summary["iterations"] == [3, 3, 3, 3]
+
+
 def groups_run(run_dir: Path, workers: int) -> dict[int, list[list[int]]]:
     """Per rank, the groups ([id, *members]) it averaged with, in the order it ran them."""
     return {r: [g for row in read_jsonl(run_dir / "workers" / f"rank{r}.jsonl")

@@ -24,6 +24,15 @@ Two schedules:
   rotates over all local ranks (period 2 x per_node), so inter-node traffic leaves from every
   worker in turn; the prototype rotated over local ranks 0 and 1 only. A last node with fewer
   workers takes part in the inter-node groups of the local ranks it has.
+
+Stopping (`StaticStop`). Workers step in lock-step, so all must stop after the same step, or
+the first to go on would wait for a group whose members left. A stop every worker foresees,
+`max_iterations` K, needs no agreement: all stop after step K. Any other stop (a time limit,
+a target loss, a script's request) is known to one worker first; it proposes the step `lead`
+ahead, the first proposal wins (the driver's store), and the others must read it before they
+pass it. `lead` must exceed how far two workers can drift apart: a worker finishes step t only
+with its group, and the period connects all ranks, so a period times the number of workers
+bounds it. A proposal at or after K is not made: K comes first for everyone anyway.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
-    "Partition", "node_aware", "power_of_two_blocks", "split_evenly", "static_group",
+    "Partition", "StaticStop", "node_aware", "power_of_two_blocks", "split_evenly", "static_group",
     "static_schedule", "validate_period",
 ]
 
@@ -129,6 +138,47 @@ def validate_period(world: int, period: Sequence[Partition]) -> None:
     if len(components) > 1:
         first, second = sorted(components.values())[:2]
         raise ValueError(f"the period never connects ranks {first} with ranks {second}")
+
+
+class StaticStop:
+    """When one worker on a static schedule stops (see the module doc, "Stopping")."""
+
+    def __init__(self, lead: int, max_iterations: int | None = None) -> None:
+        if lead < 1:
+            raise ValueError(f"Arg `lead` must be >= 1 (got {lead})")
+        self.lead, self.max_iterations = lead, max_iterations
+        self.agreed: int | None = None
+        """The proposal that won, once this worker has read it."""
+
+    @property
+    def stop_at(self) -> int | None:
+        """The step after which this worker stops, as far as it knows now."""
+        return min((s for s in (self.max_iterations, self.agreed) if s is not None), default=None)
+
+    def proposal(self, iteration: int, wants_stop: bool) -> int | None:
+        """The step to propose after `iteration`, or None: no stop wished, a step already
+        agreed, or `max_iterations` comes no later."""
+        if not wants_stop or self.agreed is not None:
+            return None
+        step = iteration + self.lead
+        return None if self.max_iterations is not None and step >= self.max_iterations else step
+
+    def needs_news(self, iteration: int) -> bool:
+        """Whether to look for an agreed step before averaging `iteration`: none read yet, and
+        `max_iterations` not reached."""
+        return self.agreed is None and (self.max_iterations is None
+                                        or iteration < self.max_iterations)
+
+    def learn(self, agreed: int, iteration: int) -> None:
+        """The agreed step, read before averaging `iteration`; raise if it has passed (`lead`
+        was too short: this worker can no longer stop with the others)."""
+        if agreed < iteration:
+            raise RuntimeError(f"learnt the stop step {agreed} only at step {iteration}")
+        self.agreed = agreed
+
+    def stops_after(self, iteration: int) -> bool:
+        stop_at = self.stop_at
+        return stop_at is not None and iteration >= stop_at
 
 
 def _check_world(world: int) -> None:

@@ -15,10 +15,11 @@ whom comes from one of two places:
   request is answered, and no later group contains it.
 - `--schedule static`: a periodic sequence of partitions (hetsync.cores.static_schedule), no
   GG traffic and no conflicts; meant for homogeneous clusters. Every worker runs the same
-  steps in lock-step, so all must stop after the same step: the first worker whose stop
-  conditions hold proposes a step far enough ahead in the control store (the schedule's
-  period times the number of workers bounds how far apart two workers can be), and every
-  worker reads it before each step.
+  steps in lock-step, so all must stop after the same step: after `--max-iterations`, which
+  every worker foresees, or else after a step proposed far enough ahead in the control store
+  by the first worker whose other stop conditions hold (the schedule's period times the
+  number of workers bounds how far apart two workers can be); every worker reads it before
+  each step (`StaticStop`).
 
 Every wait is bounded by `--hang-timeout`, and its error names what was awaited.
 """
@@ -56,7 +57,12 @@ from hetsync.cores.prague_worker import (
     StartStep,
     StepFinished,
 )
-from hetsync.cores.static_schedule import static_group, static_schedule, validate_period
+from hetsync.cores.static_schedule import (
+    StaticStop,
+    static_group,
+    static_schedule,
+    validate_period,
+)
 from hetsync.errors import ConfigError
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
@@ -119,7 +125,7 @@ class Prague(Protocol):
                                       store=runtime.store)
         self.static = config.schedule == "static"
         self.period = static_schedule(runtime.world_size, config.workers_per_node)
-        self.stop_at: int | None = None
+        self.stopping = StaticStop(len(self.period) * runtime.world_size, config.max_iterations)
         self.inbox: queue.Queue[GroupAssigned | BaseException] = queue.Queue()
         self.core = PragueWorkerCore(rank, runtime.world_size)
         self._threads: list[threading.Thread] = []
@@ -203,19 +209,22 @@ class Prague(Protocol):
 
     # --- static schedules ------------------------------------------------------------------
     def _static_step(self, step: Step) -> None:
-        store = self.runtime.store
-        if step.wants_stop and self.stop_at is None:
-            proposal = step.iteration + len(self.period) * self.runtime.world_size
-            store.compare_set(_STOP_KEY, "", str(proposal))
-        if self.stop_at is None and store.check([_STOP_KEY]):
-            self.stop_at = int(store.get(_STOP_KEY).decode())
-            if step.iteration > self.stop_at:
-                raise RuntimeError(f"prague: rank {self.rank} learnt the stop step "
-                                   f"{self.stop_at} only at step {step.iteration}")
+        store, stopping = self.runtime.store, self.stopping
+        proposal = stopping.proposal(step.iteration, step.wants_stop)
+        if proposal is not None:
+            self._learn_stop(store.compare_set(_STOP_KEY, "", str(proposal)), step.iteration)
+        elif stopping.needs_news(step.iteration) and store.check([_STOP_KEY]):
+            self._learn_stop(store.get(_STOP_KEY), step.iteration)
         members = static_group(self.period, step.iteration, self.rank)
         step.extra["groups"] = [[step.iteration, *members]]
         self._preduce(members, step)
-        step.stop = self.stop_at is not None and step.iteration >= self.stop_at
+        step.stop = stopping.stops_after(step.iteration)
+
+    def _learn_stop(self, agreed: bytes, iteration: int) -> None:
+        try:
+            self.stopping.learn(int(agreed.decode()), iteration)
+        except RuntimeError as error:
+            raise RuntimeError(f"prague: rank {self.rank} {error}") from None
 
     # --- shared ----------------------------------------------------------------------------
     def _preduce(self, members: tuple[int, ...], step: Step) -> None:
