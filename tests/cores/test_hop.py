@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -113,6 +115,43 @@ def test_a_behind_worker_skips_to_its_neighbours_newest_iteration():
         ReturnTokens(to=(0, 2), count=2)]
     assert decisions[-2:] == [StartIteration(iteration=4), SendUpdate(tag=4, to=(0, 2))]
     assert core.tokens == {0: 3, 2: 0}  # 4 - 1 (iteration 1) + 3 returned - 3 (iterations 2-4)
+
+
+def test_a_slow_worker_skips_past_what_its_blocked_neighbours_completed():
+    """Its neighbours ran max_gap iterations ahead and wait for its tokens: the skip returns
+    the rest of a full max_gap of tokens, so they can run max_gap iterations more."""
+    core = ring_core(max_gap=4, backup=1, skip=True)
+    core.handle(ReadyToStart())
+    for j in (0, 2):
+        for tag in (1, 2, 3, 4):
+            core.handle(UpdateReceived(src=j, tag=tag))
+        core.handle(TokensReceived(src=j, count=4))  # j completed 4 and is out of tokens
+    assert core.handle(ComputeFinished(iteration=1))[1] == ReturnTokens(to=(0, 2), count=1)
+    third = pytest.approx(1 / 3)
+    decisions = core.handle(ReadyToStart())
+    assert decisions[:2] == [
+        SkipTo(skipped_from=2, iteration=5, inputs={0: 4, 2: 4}, self_weight=third,
+               weights={0: third, 2: third}),
+        ReturnTokens(to=(0, 2), count=3)]
+    assert decisions[-1] == SendUpdate(tag=5, to=(0, 2))
+    assert core.completed == 4  # 1 + 3 tokens: the neighbours may start 5 to 8
+
+
+def test_a_worker_held_back_by_tokens_does_not_skip():
+    """Rank 1 waits for slow rank 2's tokens; meanwhile rank 0 (held back by rank 1's
+    tokens) gets 2 iterations ahead. Skipping would spend rank 2's tokens without computing."""
+    core = ring_core(max_gap=2, backup=1, skip=True)
+    for k in (1, 2):
+        core.handle(ReadyToStart())
+        core.handle(UpdateReceived(src=0, tag=k))
+        core.handle(TokensReceived(src=0))
+        assert isinstance(core.handle(ComputeFinished(iteration=k))[0], Aggregate)
+    core.handle(UpdateReceived(src=0, tag=3))
+    assert core.handle(ReadyToStart())[-1] == Wait(iteration=3, tokens=(2,))
+    core.handle(UpdateReceived(src=0, tag=4))
+    decisions = core.handle(TokensReceived(src=2, count=2))
+    assert not any(isinstance(d, SkipTo) for d in decisions), decisions
+    assert decisions[-2:] == [StartIteration(iteration=3), SendUpdate(tag=3, to=(0, 2))]
 
 
 def test_a_neighbour_that_skipped_an_iteration_stands_in_with_its_later_update():
@@ -347,3 +386,47 @@ def test_a_very_slow_worker_skips_instead_of_holding_everyone_back():
     net.run()
     computed = {r: len(w.aggregates) for r, w in net.workers.items()}
     assert computed[2] < 100 <= min(c for r, c in computed.items() if r != 2), computed
+
+
+def computed_in_logical_time(topology: Topology, config: HopConfig, durations: dict[int, int],
+                             horizon: int) -> list[int]:
+    """The iterations each worker computes by `horizon` when an iteration of rank r takes
+    `durations.get(r, 1)` time units and messages arrive at once: throughput without clocks."""
+    cores = [HopCore(r, topology.in_peers(r), topology.out_peers(r), *topology.recv_weights(r),
+                     config) for r in range(topology.world)]
+    computed = [0] * topology.world
+    events: list[tuple[int, int, int, object]] = []
+    order = itertools.count()
+
+    def at(time: int, rank: int, event: object) -> None:
+        heapq.heappush(events, (time, next(order), rank, event))
+
+    for rank in range(topology.world):
+        at(0, rank, ReadyToStart())
+    while (now := events[0][0]) <= horizon:
+        _, _, rank, event = heapq.heappop(events)
+        for decision in cores[rank].handle(event):
+            if isinstance(decision, SendUpdate):
+                for j in decision.to:
+                    at(now, j, UpdateReceived(src=rank, tag=decision.tag))
+            elif isinstance(decision, ReturnTokens):
+                for j in decision.to:
+                    at(now, j, TokensReceived(src=rank, count=decision.count))
+            elif isinstance(decision, StartIteration):
+                finished = ComputeFinished(iteration=decision.iteration)
+                at(now + durations.get(rank, 1), rank, finished)
+            elif isinstance(decision, Aggregate):
+                computed[rank] += 1
+                at(now, rank, ReadyToStart())
+    return computed
+
+
+@pytest.mark.parametrize(("spec", "backup"), [("ring", 1), ("exponential", 2), ("torus", 1)])
+def test_one_5x_slow_worker_with_max_gap_4_keeps_everyone_at_4_fifths(spec, backup):
+    """Skipping returns max_gap tokens per slow iteration and nobody else skips, so the
+    others run at max_gap / 5 of their speed (before: 3/5, the slow worker's neighbours 2/5:
+    it returned max_gap - 1 tokens, and they spent them skipping, not computing)."""
+    config = HopConfig(max_gap=4, backup=backup, skip=True)
+    computed = computed_in_logical_time(build(spec, 8), config, {3: 5}, horizon=500)
+    assert computed[3] == 100
+    assert min(computed[:3] + computed[4:]) >= 0.78 * 500, computed
