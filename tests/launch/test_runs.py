@@ -1,7 +1,9 @@
-"""Real multi-process runs over gloo: training, protocol equality, failures."""
+"""Real multi-process runs over gloo: training, protocol equality, failures, output."""
 
 from __future__ import annotations
 
+import io
+import sys
 import time
 from pathlib import Path
 
@@ -126,3 +128,46 @@ def test_users_own_script_under_hetsync_launch(tmp_path):
     assert result.summary["iterations"] == [25, 25]
     assert result.summary["workload"] == "own_script.py"
     assert _losses(out, 0)[-1] < _losses(out, 0)[0]
+
+
+CHATTY = Path(__file__).parent / "scripts" / "chatty.py"
+
+
+def test_worker_output_gets_its_own_lines_above_the_bar(tmp_path, monkeypatch):
+    """With the bar on, and the launcher's stdout and stderr one stream as on a terminal:
+    each worker line shows on its own line, prefixed with its rank; none is held back."""
+    terminal = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setattr(sys, "stderr", terminal)
+    out = tmp_path / "run"
+    run(RunConfig(script=[str(CHATTY), "1000"], workers=2, max_iterations=10, step_time=20.0,
+                  out=out))
+    shown = [line.rsplit("\r", 1)[-1] for line in terminal.getvalue().split("\n")]
+    worker_lines = [line for line in shown if "from rank" in line]
+    assert len(worker_lines) == 2 * (1000 + 1000 + 10)
+    for line in worker_lines:
+        assert line.startswith(f"[rank {line.split('from rank ')[1][0]}] "), line
+    assert "[rank 1] hello from rank 1 iteration 10" in shown
+    assert "[rank 0] bye" in shown and "[rank 1] bye" in shown
+    assert any("|" in line for line in terminal.getvalue().split("\r"))  # the bar was drawn
+    copy = (out / "logs" / "rank1.out").read_text().splitlines()
+    assert len(copy) == 1000 + 1000 + 10 + 1 and copy[-1] == "bye"
+    assert "warning from rank 1 line 999" in copy and not any("[rank" in c for c in copy)
+
+
+def test_output_of_a_worker_that_failed_before_init(tmp_path, capsys):
+    """No traceback in logs/rank1.log: the failure shows rank 1's last output instead; its
+    stdout and stderr go to the launcher's, prefixed."""
+    out = tmp_path / "run"
+    with pytest.raises(WorkerFailed) as failure:
+        run(RunConfig(script=[str(CHATTY), "100", "crash"], workers=2, max_iterations=20,
+                      out=out, quiet=True))
+    message = str(failure.value)
+    assert "worker rank 1 failed with exit code 1" in message
+    assert "RuntimeError: rank 1 could not start" in message and "logs/rank1.out" in message
+    captured = capsys.readouterr()
+    assert "[rank 0] hello from rank 0 line 99 " in captured.out
+    assert "[rank 1] warning from rank 1 line 99\n" in captured.err
+    assert "[rank 1] RuntimeError: rank 1 could not start\n" in captured.err
+    assert "warning" not in captured.out and "hello" not in captured.err
+    assert _processes_of(out) == []

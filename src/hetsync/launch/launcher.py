@@ -1,9 +1,10 @@
 """`hetsync train` and `hetsync launch` on one machine: spawn, watch, evaluate, summarise.
 
 The launcher hosts the run's TCPStore (workers join the gloo/NCCL group through it and send
-heartbeats to it), spawns one process per worker, evaluates snapshots in a background thread,
-shows a progress bar, and writes `summary.json` at the end. It is the only process that
-outlives the workers, so it is the one that can report a crash or a hang by rank.
+heartbeats to it), spawns one process per worker, shows their output above a progress bar
+(`hetsync.launch.output`), evaluates snapshots in a background thread, and writes
+`summary.json` at the end. It is the only process that outlives the workers, so it is the
+one that can report a crash or a hang by rank.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from tqdm import tqdm
 from hetsync.api import STOP_KEY
 from hetsync.config import RunConfig
 from hetsync.launch.monitor import Monitor, terminate
+from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
@@ -55,6 +57,7 @@ def run(config: RunConfig) -> RunResult:
     )
     control = dist.PrefixStore("hetsync", store)
     procs = _spawn(config, run_dir, store.port)
+    output = OutputRelay(procs, run_dir / "logs")
     monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout)
     evaluation = None if config.script else _EvaluationThread(config, run_dir, control)
     bar = _progress_bar(config)
@@ -70,6 +73,7 @@ def run(config: RunConfig) -> RunResult:
         raise
     finally:
         terminate(procs)
+        output.close()  # the workers' last lines, above the bar
         if bar is not None:
             bar.close()
     if evaluation is not None:
@@ -127,10 +131,12 @@ def _spawn(config: RunConfig, run_dir: Path, port: int) -> list[subprocess.Popen
             "TORCHELASTIC_USE_AGENT_STORE": "True",  # plain env:// scripts join our store too
             "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
             "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",  # a pipe would hold a worker's prints back until exit
             ENV_STORE_PORT: str(port),
             ENV_RUN_DIR: str(run_dir),
         }
-        procs.append(subprocess.Popen(command, env=env, preexec_fn=_die_with_parent))
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
     return procs
 
 

@@ -2,9 +2,10 @@
 
 A worker that exits non-zero, is killed, or makes no progress for `hang_timeout` seconds ends
 the run with `WorkerFailed`, naming its rank and showing its traceback (from
-`logs/rank{r}.log`) or its stack (dumped on SIGUSR1 into `logs/rank{r}.stack`). When several
-workers fail together, the one that failed first and for its own reason is blamed: peers of a
-dead worker fail too, with "Connection closed by peer".
+`logs/rank{r}.log`), its stack (dumped on SIGUSR1 into `logs/rank{r}.stack`), or its last
+output (`logs/rank{r}.out`) when it failed before `hetsync.init()` installed those hooks.
+When several workers fail together, the one that failed first and for its own reason is
+blamed: peers of a dead worker fail too, with "Connection closed by peer".
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ __all__ = ["Monitor", "Progress"]
 #: torch, load data, join the group) before their missing heartbeat counts as a hang.
 STARTUP_ALLOWANCE_S = 90.0
 _SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+#: Lines of a worker's output shown when it failed without writing a traceback.
+OUTPUT_TAIL_LINES = 30
 
 
 @dataclass
@@ -162,8 +165,16 @@ class Monitor:
             if stack:
                 return WorkerFailed(rank, f"was killed by signal {name}", f"its stack:\n{stack}")
             return WorkerFailed(rank, f"was killed by signal {name} (no traceback)")
-        details = f"its traceback:\n{text}" if text else "(no traceback was written)"
+        details = f"its traceback:\n{text}" if text else self._last_output(rank)
         return WorkerFailed(rank, f"failed with exit code {code}", details)
+
+    def _last_output(self, rank: int) -> str:
+        out = self.log_dir / f"rank{rank}.out"
+        lines = out.read_text(errors="replace").splitlines() if out.is_file() else []
+        if not lines:
+            return "(no traceback was written)"
+        tail = "\n".join(lines[-OUTPUT_TAIL_LINES:])
+        return f"no traceback was written; its last output (logs/rank{rank}.out):\n{tail}"
 
 
 def terminate(procs: list[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
