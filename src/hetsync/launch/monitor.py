@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch.distributed as dist
+from tqdm import tqdm
 
 from hetsync.errors import WorkerFailed
 
@@ -75,8 +76,8 @@ class Monitor:
             if self._beats.get(rank, "").split()[1:2] == ["done"]:
                 if rank not in self._warned:
                     self._warned.add(rank)
-                    print(f"hetsync: warning: worker rank {rank} aborted while exiting, after "
-                          "it had finished; its results are complete", file=sys.stderr)
+                    tqdm.write(f"hetsync: warning: worker rank {rank} aborted while exiting, "
+                               "after it had finished; its results are complete", file=sys.stderr)
                 return 0
         return code
 
