@@ -185,6 +185,7 @@ def config_table() -> str:
         shown = f"`{_toml_value(default)}`" if default is not None else "unset"
         if f.name in cli._DEFAULT_TEXT:
             shown += f": {cli._DEFAULT_TEXT[f.name]}"
+        assert f.name in cli._RUN_HELP, f"RunConfig.{f.name}: add its meaning to cli._RUN_HELP"
         meaning = cli._RUN_HELP[f.name].replace("|", "\\|")
         rows.append(f"| `{f.name}` | {kind} | {shown} | {meaning} |")
     return "\n".join(rows)

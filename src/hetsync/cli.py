@@ -120,11 +120,12 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
         if f.name == "script" or (script and f.name == "workload"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        help_text = f"{_RUN_HELP[f.name]} (default: {default_text(f)})".replace("%", "%%")
+        meaning = _RUN_HELP.get(f.name, f.name.replace("_", " "))  # tests want every field
+        help_text = f"{meaning} (default: {default_text(f)})".replace("%", "%%")
         if str(f.type) == "bool" and f.default:
             parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
                                 default=argparse.SUPPRESS,
-                                help=f"{_RUN_HELP[f.name]}: this flag turns it off (default: on)")
+                                help=f"{meaning}: this flag turns it off (default: on)")
         elif str(f.type) == "bool":
             parser.add_argument(flag, dest=f.name, action="store_true",
                                 default=argparse.SUPPRESS, help=help_text)
