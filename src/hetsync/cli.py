@@ -120,7 +120,7 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
         if f.name == "script" or (script and f.name == "workload"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        meaning = _RUN_HELP.get(f.name, f.name.replace("_", " "))  # tests want every field
+        meaning = _RUN_HELP.get(f.name, f.name.replace("_", " "))  # the docs test asks for one
         help_text = f"{meaning} (default: {default_text(f)})".replace("%", "%%")
         if str(f.type) == "bool" and f.default:
             parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
