@@ -38,11 +38,12 @@ def check_zero_lr_consensus(tmp_path):
 
     def check(
         workers: int = 4, late_even_ranks: bool = False, consensus: bool = True,
-        **options: object,
+        script_args: tuple[str, ...] = (), **options: object,
     ) -> RunResult:
         out = tmp_path / "zero-lr"
         out.mkdir()
-        script = [str(CONSERVATION_SCRIPT), str(out)] + (["late"] if late_even_ranks else [])
+        script = [str(CONSERVATION_SCRIPT), str(out), *script_args]
+        script += ["late"] if late_even_ranks else []
         result = run(RunConfig(workers=workers, script=script, out=out, quiet=True, **options))
         saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
         initial = torch.stack([s["initial"] for s in saved])

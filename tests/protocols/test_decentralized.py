@@ -26,6 +26,24 @@ def test_zero_lr_conserves_the_sum_and_reaches_consensus(
                             late_even_ranks=True)
 
 
+@pytest.mark.parametrize(
+    ("protocol", "topology"), [("dpsgd", "ring"), ("dpsgd", "exponential"), ("adpsgd", "ring")]
+)
+@pytest.mark.parametrize("ending", ["stop", "loop"])
+def test_zero_lr_conserves_the_sum_in_a_few_iterations(
+    protocol, topology, ending, check_zero_lr_consensus
+):
+    """Too short to mix, so an average half applied at the end shows: AD-PSGD's next request
+    used to be served by the partner and never loaded by the asker. `loop`: the script's own
+    loop ends after 3 iterations, with no stop condition met."""
+    if ending == "stop":
+        check_zero_lr_consensus(protocol=protocol, topology=topology, max_iterations=3,
+                                consensus=False)
+    else:
+        check_zero_lr_consensus(protocol=protocol, topology=topology, max_time=60,
+                                consensus=False, script_args=("steps=3",))
+
+
 def test_dpsgd_stops_together_under_random_slowdown(train_run):
     result = train_run(protocol="dpsgd", workers=5, max_time=4, step_time=5.0,
                        slowdown="random:p=0.2,factor=4", stop_at_target=False)
