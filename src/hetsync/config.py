@@ -152,6 +152,11 @@ class RunConfig:
                 raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
         self.slowdown_spec().check_ranks(self.workers)
         protocol.check_config(self)
+        if self.backend == "nccl":
+            import torch  # late: reading a config must not cost a torch import
+
+            if not torch.cuda.is_available():
+                raise ConfigError("--backend nccl needs CUDA devices; none is visible here")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
         if self.script and not Path(self.script[0]).is_file():

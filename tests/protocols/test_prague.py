@@ -103,7 +103,6 @@ def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
      ({"group_buffer": True}, "--group-buffer applies to --gg-policy random"),
      ({"gg_policy": "fastest"}, "--gg-policy must be random or ready"),
      ({"preduce": "tree"}, "--preduce must be mesh or ring or leader or subgroup"),
-     ({"backend": "nccl"}, "needs gloo"),
      ({"schedule": "static", "workers_per_node": 0}, "--workers-per-node must be >= 1")],
 )
 def test_bad_options_are_refused_before_anything_starts(options, match):

@@ -54,8 +54,6 @@ class ADPSGD(Protocol):
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        if config.backend == "nccl":
-            raise ConfigError("adpsgd needs gloo: its passive workers receive from any source")
         topology = build(config.topology, config.workers, config.weights)
         edge = _bipartite_violation(topology)
         if config.adpsgd_mode == "bipartite" and config.workers > 1 and edge is not None:
@@ -74,6 +72,7 @@ class ADPSGD(Protocol):
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
         self.drift = BufferDrift(model)
+        self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
         naive = config.adpsgd_mode == "naive"
         self.active = naive or rank % 2 == 1
         self.passive = naive or rank % 2 == 0
@@ -110,8 +109,8 @@ class ADPSGD(Protocol):
             self.lock.acquire()  # held until the reply: what makes the naive version deadlock
         message = self._message(_AVERAGE)
         reply = torch.empty_like(message)
-        works = [dist.isend(message, partner, tag=_REQUEST_TAG),
-                 dist.irecv(reply, partner, tag=_REPLY_TAG)]
+        works = [dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
+                 dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)]
         step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
         self._pending = (message, reply, works)
@@ -154,7 +153,7 @@ class ADPSGD(Protocol):
             self._finish_request()
         if self.active:
             for partner in self.partners:
-                dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG)
+                dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG, group=self.group)
         if self._server is not None:
             self._server.join()
         self._raise_server_error()
@@ -165,7 +164,7 @@ class ADPSGD(Protocol):
             buffer = self._message(_BYE)
             remaining = len(self.clients)
             while remaining:
-                source = dist.recv(buffer, src=None, tag=_REQUEST_TAG)
+                source = dist.recv(buffer, src=None, tag=_REQUEST_TAG, group=self.group)
                 if buffer[-1] == _BYE:
                     remaining -= 1
                     continue
@@ -174,7 +173,7 @@ class ADPSGD(Protocol):
                     average = (self._flat() + buffer[:-1]) / 2
                     self._load(average)
                 reply = flatten([average], _AVERAGE)
-                dist.send(reply, source, tag=_REPLY_TAG)
+                dist.send(reply, source, tag=_REPLY_TAG, group=self.group)
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self._server_error = error
 
@@ -184,10 +183,10 @@ class ADPSGD(Protocol):
 
     # --- flat model helpers ---------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:
-        return flatten(self.tensors)
+        return flatten(self.tensors, device=self.host)
 
     def _message(self, kind: float) -> torch.Tensor:
-        return flatten(self.tensors, kind)
+        return flatten(self.tensors, kind, device=self.host)
 
     def _load(self, flat: torch.Tensor) -> None:
         """Write a flat model through `.data`, so that a backward pass running on the training

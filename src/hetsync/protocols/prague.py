@@ -94,9 +94,6 @@ class Prague(Protocol):
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        if config.backend == "nccl" and config.schedule == "random":
-            raise ConfigError("prague's Group Generator needs gloo (it receives from any "
-                              "source); use --schedule static on NCCL")
         if not 1 <= config.group_size <= config.workers:
             raise ConfigError(f"--group-size must be in 1..{config.workers} (the number of "
                               f"workers) (got {config.group_size})")
@@ -121,6 +118,7 @@ class Prague(Protocol):
         config, rank = runtime.config, runtime.rank
         self.rank, self.timeout = rank, config.hang_timeout
         self.tensors = model_tensors(model)
+        self._host_group = runtime.host_group  # the GG's messages: any source, so gloo
         self.preducer = make_preducer(config.preduce, rank, runtime.world_size,
                                       store=runtime.store)
         self.static = config.schedule == "static"
@@ -133,7 +131,7 @@ class Prague(Protocol):
         if not self.static:
             if rank == 0:
                 self._gg = _GroupGeneratorService(_generator(config), self._deliver,
-                                                  config.ready_wait / 1000.0)
+                                                  config.ready_wait / 1000.0, self._host_group)
                 self._threads += self._gg.threads
             elif runtime.world_size > 1:
                 self._threads.append(threading.Thread(target=self._receive, daemon=True,
@@ -185,7 +183,8 @@ class Prague(Protocol):
         if self._gg is not None:
             self._gg.put(self.rank, kind, value, flag)
         else:
-            dist.send(torch.tensor([kind, float(value), flag]), 0, tag=_TO_GG)
+            message = torch.tensor([kind, float(value), flag])
+            dist.send(message, 0, tag=_TO_GG, group=self._host_group)
 
     def _deliver(self, assign: AssignGroup) -> None:
         """Rank 0's GG hands rank 0 its own assignments directly."""
@@ -197,7 +196,7 @@ class Prague(Protocol):
         try:
             while True:
                 message = torch.empty(3 + self.runtime.world_size)
-                dist.recv(message, 0, tag=_FROM_GG)
+                dist.recv(message, 0, tag=_FROM_GG, group=self._host_group)
                 if message[0] < 0:
                     return
                 size = int(message[2])
@@ -258,9 +257,11 @@ class _GroupGeneratorService:
     core and sends assignments (to rank 0 itself through `deliver`)."""
 
     def __init__(
-        self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup], None], ready_wait: float
+        self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup], None], ready_wait: float,
+        host_group: dist.ProcessGroup | None,
     ) -> None:
         self.core = core
+        self._host_group = host_group
         self.world = core.world
         self.deliver = deliver
         self.inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
@@ -279,7 +280,7 @@ class _GroupGeneratorService:
             remaining = self.world - 1
             while remaining:
                 message = torch.empty(3)
-                src = dist.recv(message, src=None, tag=_TO_GG)
+                src = dist.recv(message, src=None, tag=_TO_GG, group=self._host_group)
                 kind, value, flag = float(message[0]), int(message[1]), float(message[2])
                 remaining -= kind == _BYE
                 self.put(src, kind, value, flag)
@@ -327,7 +328,7 @@ class _GroupGeneratorService:
         if group is not None:
             message[:3] = torch.tensor([group.id, float(answers_request), len(group.members)])
             message[3 : 3 + len(group.members)] = torch.tensor(group.members)
-        dist.send(message, rank, tag=_FROM_GG)
+        dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
 
     def raise_error(self) -> None:
         if self.error is not None:

@@ -25,12 +25,16 @@ __all__ = [
 ]
 
 
-def flatten(tensors: Sequence[torch.Tensor], *extra: float) -> torch.Tensor:
+def flatten(
+    tensors: Sequence[torch.Tensor], *extra: float, device: torch.device | None = None
+) -> torch.Tensor:
     """A new 1-D buffer: the tensors' values (detached), then the `extra` scalars (headers,
-    votes) in the tensors' dtype."""
+    votes) in the tensors' dtype, on `device` (default: the tensors'), which stages a model
+    on a GPU through host memory for a gloo transport."""
     first = tensors[0]
-    tail = torch.tensor(extra, dtype=first.dtype, device=first.device)
-    return torch.cat([t.detach().reshape(-1) for t in tensors] + [tail])
+    device = first.device if device is None else device
+    tail = torch.tensor(extra, dtype=first.dtype, device=device)
+    return torch.cat([t.detach().reshape(-1).to(device) for t in tensors] + [tail])
 
 
 def flatten_with_vote(tensors: Sequence[torch.Tensor], vote: bool) -> torch.Tensor:
@@ -97,7 +101,7 @@ class BufferDrift:
         average's layout, trailing headers allowed)."""
         if self.buffers:
             end = self.offset + sum(b.numel() for b in self.buffers)
-            now = torch.cat([b.detach().reshape(-1) for b in self.buffers])
+            now = torch.cat([b.detach().reshape(-1).to(average.device) for b in self.buffers])
             average[self.offset : end].add_(now - sent[self.offset : end])
         return average
 

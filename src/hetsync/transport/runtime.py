@@ -55,6 +55,15 @@ class Runtime:
     run_dir: Path | None
     launched: bool
     """True under `hetsync launch`/`train`, whose parent process monitors and evaluates."""
+    host_group: dist.ProcessGroup | None = None
+    """Where messages in host memory go: the default group on gloo (None); under NCCL a gloo
+    group of all ranks, for what NCCL cannot do (receive from any source: ps, adpsgd, hop,
+    Prague's Group Generator). Buffers sent there are staged through host memory."""
+
+    @property
+    def host(self) -> torch.device:
+        """The device of buffers sent over `host_group`."""
+        return torch.device("cpu")
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -131,10 +140,11 @@ def init(**defaults: object) -> Runtime:
     else:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
+    host_group = dist.new_group(backend="gloo") if backend == "nccl" and world > 1 else None
     _RUNTIME = Runtime(
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
         config=config, store=dist.PrefixStore("hetsync", store), t0=time.time(),
-        run_dir=run_dir, launched=launched,
+        run_dir=run_dir, launched=launched, host_group=host_group,
     )
     _install_failure_reporting(_RUNTIME)
     atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)
