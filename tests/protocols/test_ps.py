@@ -2,24 +2,35 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
+from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
 from hetsync.protocols.ps import _Server
 
 pytestmark = pytest.mark.integration
+
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def _launch(script: str, out: Path, **options: object) -> None:
+    out.mkdir()
+    run(RunConfig(script=[str(SCRIPTS / script), str(out)], out=out, quiet=True,
+                  hang_timeout=20.0, **options))
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _push(grad: list[float], version: int = 0) -> torch.Tensor:
-    return torch.tensor([1.0, version, 0.0, *grad])
+def _push(grad: list[float], version: int = 0, delta: tuple[float, ...] = ()) -> torch.Tensor:
+    return torch.tensor([1.0, version, 0.0, *grad, *delta])
 
 
 def test_sync_workers_hold_the_server_model_and_stop_together(train_run):
@@ -63,15 +74,59 @@ def test_ps_refuses_nccl():
 @pytest.mark.parametrize("sync", [True, False])
 def test_server_applies_each_push_with_the_worker_optimizer(sync):
     param = nn.Parameter(torch.tensor([1.0, 2.0]))
-    server = _Server([param], torch.optim.SGD([param], lr=0.5), sync=sync, world=1)
-    reply = server.push(_push([2.0, -2.0]))
-    assert reply.tolist() == [1.0, 0.0, 0.0, 0.0, 3.0]
+    buffer = torch.tensor([5.0])
+    server = _Server(torch.optim.SGD([param], lr=0.5), [buffer], sync=sync, world=1)
+    reply = server.push(_push([2.0, -2.0], delta=(1.5,)))
+    assert reply.tolist() == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
+    server.close()
+
+
+def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
+    weight, bias = nn.Parameter(torch.tensor([1.0])), nn.Parameter(torch.tensor([1.0]))
+    worker = torch.optim.SGD([{"params": [weight], "weight_decay": 1.0},
+                              {"params": [bias], "weight_decay": 0.0}], lr=0.5)
+    server = _Server(worker, [], sync=True, world=1)
+    assert server.push(_push([0.0, 0.0])).tolist() == [1.0, 0.0, 0.0, 0.5, 1.0]
+    for group in worker.param_groups:  # as a scheduler does, after the optimizer was wrapped
+        group["lr"] = 0.1
+    reply = server.push(_push([1.0, 1.0], version=1))
+    assert reply.tolist() == pytest.approx([2.0, 0.0, 0.0, 0.35, 0.9])
     server.close()
 
 
 def test_a_dead_server_thread_is_reported_not_waited_for():
     # No process group: the serving thread's first receive fails.
     param = nn.Parameter(torch.zeros(2))
-    server = _Server([param], torch.optim.SGD([param], lr=0.1), sync=True, world=2)
+    server = _Server(torch.optim.SGD([param], lr=0.1), [], sync=True, world=2)
     with pytest.raises(RuntimeError, match="parameter server thread died"):
         server.push(_push([1.0, 1.0]))
+
+
+def test_sync_follows_param_groups_and_the_workers_lr_schedule_like_allreduce(tmp_path):
+    # Two param groups (weight decay on weights only) and StepLR on the worker's optimizer:
+    # the server must step with the same groups and the current lr, as allreduce does.
+    finals = {}
+    for protocol in ("ps", "allreduce"):
+        _launch("schedule.py", tmp_path / protocol, protocol=protocol, workers=3,
+                max_iterations=8)
+        finals[protocol] = [torch.load(tmp_path / protocol / f"final_rank{r}.pt")
+                            for r in range(3)]
+    for ps_model, allreduce_model in zip(finals["ps"], finals["allreduce"], strict=True):
+        assert torch.equal(ps_model, finals["ps"][0])  # sync: every worker holds the server's
+        assert torch.allclose(ps_model, allreduce_model, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_batchnorm_running_statistics_are_shared_through_the_server(tmp_path, mode):
+    # Rank r's batches have mean 2r: running means kept locally differ by rank. Paced, so
+    # that async workers finish within a few server versions of each other.
+    _launch("batchnorm.py", tmp_path / mode, protocol="ps", ps_mode=mode, workers=3,
+            max_iterations=20, step_time=50.0)
+    saved = [torch.load(tmp_path / mode / f"running_mean_rank{r}.pt") for r in range(3)]
+    shared = torch.stack([s["shared"] for s in saved])
+    local = torch.stack([s["local"] for s in saved])
+    assert (shared.abs().max(1).values > 0.2).all()  # every worker's moved from its initial 0
+    spread = (shared - shared.mean(0)).abs().max()
+    assert spread < 0.3 * (local - local.mean(0)).abs().max()
+    if mode == "sync":
+        assert spread == 0

@@ -5,19 +5,25 @@ ordinary worker. No extra process is needed, so the world size, the data shards 
 launcher are those of every other protocol, and the same code runs under torchrun. The cost
 is that rank 0 shares its CPU (and the GIL, released while gloo waits) with the server.
 
-The server holds the model as one flat `nn.Parameter`, a copy of rank 0's parameters (every
-worker starts from them: SyncOptimizer broadcasts rank 0's model first), and an optimizer of
-the worker's class and hyper-parameters. Each iteration every worker, rank 0 included, pushes
+The server holds a copy of each of rank 0's trainable parameters (every worker starts from
+them: SyncOptimizer broadcasts rank 0's model first) in an optimizer of the worker's class with
+the same param groups, so per-group settings (no weight decay on biases) hold. Before every
+step it copies each group's current hyper-parameters (all but "params") from rank 0's
+optimizer, the user's: an lr scheduler stepped on the worker side, or an lr set by hand, takes
+effect at the server. Rank 0's schedule is the one the server follows; all workers normally run
+the same one. Each iteration every worker, rank 0 included, pushes
 
-    [kind (PUSH or BYE), model version the gradient was computed on, stop vote, gradient...]
+    [kind (PUSH or BYE), model version the gradient was computed on, stop vote, gradient...,
+     buffer change...]
 
 and waits for the reply, a buffer of the same size
 
-    [new model version, staleness, stop flag, model...]
+    [new model version, staleness, stop flag, model..., buffers...]
 
-which it copies into its parameters; its own optimizer step is skipped. Remote workers use
-`send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them with an any-source
-`recv` (gloo only: NCCL has none). Rank 0 hands its message to the server object directly.
+which it copies into its parameters and buffers; its own optimizer step is skipped. Remote
+workers use `send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them with an
+any-source `recv` (gloo only: NCCL has none). Rank 0 hands its message to the server object
+directly.
 
 - `--ps-mode sync`: a round collects one gradient from every live worker for the current
   version, applies their mean in one step, and answers all of them with the new model. The
@@ -29,15 +35,22 @@ which it copies into its parameters; its own optimizer step is skipped. Remote w
   and momentum (unscaled, 4 async workers with momentum 0.9 diverge on digits). Workers stop
   on their own.
 
+Buffers are shared too (floating ones: BatchNorm's running statistics; integer ones such as
+num_batches_tracked stay local). The buffer change a worker pushes is what its forward passes
+did to its floating buffers since it last loaded the server's; the server adds the round's
+mean change (sync) or the change / n (async, like the gradient), and the reply carries the
+server's buffers, which the worker loads. In sync mode the running statistics then follow all
+of the round's batches, as one running statistic over the round would.
+
 Shutdown: in `close()` every remote worker sends BYE; the thread exits after one BYE per
 remote rank, and rank 0's `close()` joins it, so no p2p is in flight at SyncOptimizer's final
-barrier. A worker that leaves is no longer waited for by sync rounds. Only parameters go
-through the server: buffers (BatchNorm statistics) stay local to each worker.
+barrier. A worker that leaves is no longer waited for by sync rounds.
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -55,20 +68,52 @@ _PUSH, _BYE = 1.0, 2.0
 _HEADER = 3  # push: kind, version, vote; reply: version, staleness, stop
 
 
-class _Server:
-    """The server's model and rounds; thread-safe, driven by the serving thread and rank 0."""
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    """A param group's hyper-parameters: everything but its parameters."""
+    hyper = dict(group)  # one atomic copy: rank 0's thread may be changing the group
+    del hyper["params"]
+    return hyper
 
-    def __init__(self, params: list[nn.Parameter], optimizer: torch.optim.Optimizer,
+
+def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The tensors' values, detached, in one new 1-D tensor of `dtype` (empty for none)."""
+    return torch.cat([torch.zeros(0, dtype=dtype),
+                      *(t.detach().reshape(-1).to(dtype) for t in tensors)])
+
+
+def _trainable(optimizer: torch.optim.Optimizer) -> list[list[nn.Parameter]]:
+    """The optimizer's parameters that go through the server, group by group."""
+    return [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+
+
+class _Server:
+    """The server's model and rounds; thread-safe, driven by the serving thread and rank 0.
+
+    `optimizer` is rank 0's: the server keeps one copy of each of its trainable parameters,
+    in an optimizer of its class with the same groups, and reads the groups' current
+    hyper-parameters from it before every step. `buffers` are rank 0's floating buffers."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
                  sync: bool, world: int) -> None:
-        with torch.no_grad():
-            self.param = nn.Parameter(torch.cat([p.detach().reshape(-1) for p in params]))
-        self.param.grad = torch.zeros_like(self.param)
-        hyper = {k: v for k, v in optimizer.param_groups[0].items() if k != "params"}
-        self.optimizer = type(optimizer)([self.param], **hyper)
+        self.source = optimizer
+        groups = _trainable(optimizer)
+        self.params = [nn.Parameter(p.detach().clone()) for group in groups for p in group]
+        self.grads = [torch.zeros_like(p) for p in self.params]
+        for p, g in zip(self.params, self.grads, strict=True):
+            p.grad = g
+        copies = iter(self.params)
+        self.optimizer = type(optimizer)([
+            {**_hyper(group), "params": [next(copies) for _ in params]}
+            for group, params in zip(optimizer.param_groups, groups, strict=True)
+        ])
+        self.dtype = self.params[0].dtype
+        self.size = sum(p.numel() for p in self.params)
+        self.buffers = _flat(buffers, self.dtype)
         self.sync, self.world, self.live, self.version = sync, world, world, 0
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
-        self.grad_sum = torch.zeros_like(self.param)
+        self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
+        self.delta_sum = torch.zeros_like(self.buffers)
         self.waiting: list[int] = []  # sync: ranks whose gradient is in this round
         self.vote = False
         self.local_reply: torch.Tensor | None = None
@@ -109,7 +154,7 @@ class _Server:
             self._check()
 
     def _serve(self, remote: int) -> None:
-        buf = torch.empty(_HEADER + self.param.numel(), dtype=self.param.dtype)
+        buf = torch.empty(_HEADER + self.size + self.buffers.numel(), dtype=self.dtype)
         try:
             while remote > 0:
                 src = dist.recv(buf, src=None, tag=PUSH_TAG)
@@ -131,40 +176,51 @@ class _Server:
                 from self.error
 
     def _accept(self, msg: torch.Tensor, src: int) -> list[tuple[int, torch.Tensor]]:
-        """Take one gradient (lock held); return the replies to send to remote ranks."""
-        version, grad = int(msg[1]), msg[_HEADER:]
+        """Take one gradient and buffer change (lock held); return the replies to send to
+        remote ranks."""
+        version = int(msg[1])
+        grad, delta = msg[_HEADER:_HEADER + self.size], msg[_HEADER + self.size:]
         if self.sync:
             if version != self.version:
                 raise RuntimeError(f"ps: rank {src} pushed for version {version}, "
                                    f"the round is for {self.version}")
             self.grad_sum.add_(grad)
+            self.delta_sum.add_(delta)
             self.waiting.append(src)
             self.vote = self.vote or bool(msg[2] > 0)
             return self._finish_round()
         staleness = self.version - version
-        self._apply(grad / self.world)  # 1/n of a step: a gradient's share of the sync mean
+        # 1/n of a step: a gradient's share of the sync mean (and a buffer change's)
+        self._apply(grad / self.world, delta / self.world)
         return self._deliver([src], staleness, stop=False)
 
     def _finish_round(self) -> list[tuple[int, torch.Tensor]]:
-        """Sync: apply the mean once every live worker has pushed (lock held)."""
+        """Sync: apply the means once every live worker has pushed (lock held)."""
         if not self.sync or not self.waiting or len(self.waiting) < self.live:
             return []
-        self._apply(self.grad_sum.div_(len(self.waiting)))
+        self._apply(self.grad_sum.div_(len(self.waiting)),
+                    self.delta_sum.div_(len(self.waiting)))
         self.grad_sum.zero_()
+        self.delta_sum.zero_()
         ranks, self.waiting = self.waiting, []
         stop, self.vote = self.vote, False
         return self._deliver(ranks, 0, stop)
 
-    def _apply(self, grad: torch.Tensor) -> None:
-        assert self.param.grad is not None
-        self.param.grad.copy_(grad)
+    def _apply(self, grad: torch.Tensor, delta: torch.Tensor) -> None:
+        groups = self.source.param_groups
+        if len(groups) != len(self.optimizer.param_groups):
+            raise RuntimeError("ps: the optimizer's param groups changed after it was wrapped")
+        for mine, theirs in zip(self.optimizer.param_groups, groups, strict=True):
+            mine.update(_hyper(theirs))  # e.g. the lr set by rank 0's scheduler
+        unflatten_into(grad, self.grads)
         self.optimizer.step()
+        self.buffers.add_(delta)
         self.version += 1
 
     def _deliver(self, ranks: list[int], staleness: int,
                  stop: bool) -> list[tuple[int, torch.Tensor]]:
-        header = torch.tensor([self.version, staleness, float(stop)], dtype=self.param.dtype)
-        reply = torch.cat([header, self.param.detach()])
+        header = torch.tensor([self.version, staleness, float(stop)], dtype=self.dtype)
+        reply = _flat([header, *self.params, self.buffers], self.dtype)
         if 0 in ranks:
             self.local_reply = reply
             self.cond.notify_all()
@@ -195,12 +251,15 @@ class ParameterServer(Protocol):
         if runtime.world_size > 1 and runtime.backend != "gloo":
             raise RuntimeError(f"ps needs the gloo backend (this run uses {runtime.backend})")
         self.sync = runtime.config.ps_mode == "sync"
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.params = [p for group in _trainable(optimizer) for p in group]
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.version = 0
-        size = _HEADER + sum(p.numel() for p in self.params)
-        self.reply = torch.empty(size, dtype=self.params[0].dtype)
+        self.dtype = self.params[0].dtype
+        self.loaded = _flat(self.buffers, self.dtype)  # as last loaded from the server
+        size = _HEADER + sum(p.numel() for p in self.params) + self.loaded.numel()
+        self.reply = torch.empty(size, dtype=self.dtype)
         self.server = (
-            _Server(self.params, optimizer, self.sync, runtime.world_size)
+            _Server(optimizer, self.buffers, self.sync, runtime.world_size)
             if runtime.rank == 0 else None
         )
 
@@ -208,8 +267,9 @@ class ParameterServer(Protocol):
         step.begin_sync()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         vote = float(step.wants_stop)
-        header = torch.tensor([_PUSH, self.version, vote], dtype=self.reply.dtype)
-        msg = torch.cat([header, *(g.detach().reshape(-1) for g in grads)])
+        header = torch.tensor([_PUSH, self.version, vote], dtype=self.dtype)
+        delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
+        msg = _flat([header, *grads, delta], self.dtype)
         with step.blocking():
             if self.server is not None:
                 reply = self.server.push(msg)
@@ -217,8 +277,11 @@ class ParameterServer(Protocol):
                 dist.send(msg, 0, tag=PUSH_TAG)
                 dist.recv(self.reply, 0, tag=PULL_TAG)
                 reply = self.reply
+        split = len(reply) - self.loaded.numel()
         with torch.no_grad():
-            unflatten_into(reply[_HEADER:], self.params)
+            unflatten_into(reply[_HEADER:split], self.params)
+            unflatten_into(reply[split:], self.buffers)
+        self.loaded = _flat(self.buffers, self.dtype)
         self.version = int(reply[0])
         step.extra["staleness"] = float(reply[1])
         step.stop = bool(reply[2] > 0) if self.sync else step.wants_stop
