@@ -107,10 +107,10 @@ def test_sync_follows_param_groups_and_the_workers_lr_schedule_like_allreduce(tm
     # the server must step with the same groups and the current lr, as allreduce does.
     finals = {}
     for protocol in ("ps", "allreduce"):
-        _launch("schedule.py", tmp_path / protocol, protocol=protocol, workers=3,
+        _launch("schedule.py", tmp_path / protocol, protocol=protocol, workers=2,
                 max_iterations=8)
         finals[protocol] = [torch.load(tmp_path / protocol / f"final_rank{r}.pt")
-                            for r in range(3)]
+                            for r in range(2)]
     for ps_model, allreduce_model in zip(finals["ps"], finals["allreduce"], strict=True):
         assert torch.equal(ps_model, finals["ps"][0])  # sync: every worker holds the server's
         assert torch.allclose(ps_model, allreduce_model, rtol=1e-5, atol=1e-6)
@@ -120,9 +120,9 @@ def test_sync_follows_param_groups_and_the_workers_lr_schedule_like_allreduce(tm
 def test_batchnorm_running_statistics_are_shared_through_the_server(tmp_path, mode):
     # Rank r's batches have mean 2r: running means kept locally differ by rank. Paced, so
     # that async workers finish within a few server versions of each other.
-    _launch("batchnorm.py", tmp_path / mode, protocol="ps", ps_mode=mode, workers=3,
+    _launch("batchnorm.py", tmp_path / mode, protocol="ps", ps_mode=mode, workers=2,
             max_iterations=20, step_time=50.0)
-    saved = [torch.load(tmp_path / mode / f"running_mean_rank{r}.pt") for r in range(3)]
+    saved = [torch.load(tmp_path / mode / f"running_mean_rank{r}.pt") for r in range(2)]
     shared = torch.stack([s["shared"] for s in saved])
     local = torch.stack([s["local"] for s in saved])
     assert (shared.abs().max(1).values > 0.2).all()  # every worker's moved from its initial 0
