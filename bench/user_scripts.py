@@ -1,10 +1,12 @@
 """Benchmark: user scripts (a GRU language model, a BatchNorm MLP) under every protocol vs DDP.
 
 Each script runs through `hetsync launch` under each protocol with the same workers, epochs and
-seed, and reports the held-out loss and accuracy of the model hetsync returns (the consensus
-model where the optimizer has `consensus_model()`), with the gap to DDP. Quality, not speed:
-no slowdown is injected and the wall times are only indicative (shared machine). Not part of
-the tests; about 10 minutes at the defaults on 2 cores.
+seed, and reports the held-out loss and accuracy of the model hetsync returns
+(`optimizer.consensus_model()`, the average of the workers' models), with the gap to DDP.
+Quality, not speed: no slowdown is injected and the wall times are only indicative. Not part of
+the tests: 20 runs at the defaults, each mostly the 4 workers' start-up, 0.5 to 2 minutes
+on 2 cores depending on how busy they are (about 35 minutes in all when measured on a shared
+machine); `--resume` reuses finished runs.
 
     python bench/user_scripts.py [--repeats 2] [--only gru] [--out runs/user-scripts]
 """
