@@ -30,9 +30,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetsync.config import RunConfig
 from hetsync.metrics.evaluator import Evaluator
-from hetsync.metrics.script_evaluation import EvaluateFn, EvaluationThread, ScriptMeasure
+from hetsync.metrics.script_evaluation import (
+    EvaluateFn,
+    EvaluationThread,
+    ScriptMeasure,
+    stop_at_target,
+)
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
 from hetsync.protocols import Protocol, Step, get_protocol
@@ -274,7 +278,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             return None
         if not rt.launched:
             (rt.run_dir / "config.json").write_text(rt.config.to_json() + "\n")
-        on_consensus = partial(_stop_at_target, rt.store, rt.config)
+        on_consensus = stop_at_target(rt.config, partial(rt.store.set, STOP_KEY))
         measure = ScriptMeasure(self._raw_model, evaluate) if evaluate is not None else None
         evaluator = Evaluator(rt.run_dir, rt.world_size, measure, per_worker=False,
                               keep_snapshots=rt.config.keep_snapshots, on_consensus=on_consensus)
@@ -321,12 +325,6 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self.runtime.launched:
             rt = self.runtime
             rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}")
-
-
-def _stop_at_target(store: dist.Store, config: RunConfig, _t: float, loss: float) -> None:
-    """Ask every worker to stop once the consensus model reaches the target loss."""
-    if config.stop_at_target and config.target_loss is not None and loss <= config.target_loss:
-        store.set(STOP_KEY, "target_loss")
 
 
 def prepare(

@@ -16,9 +16,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from hetsync.config import RunConfig
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
+from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
 from hetsync.workloads import get_workload
@@ -59,7 +60,7 @@ def run(config: RunConfig) -> RunResult:
     procs = _spawn(config, run_dir, store.port)
     output = OutputRelay(procs, run_dir / "logs")
     monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout)
-    evaluation = None if config.script else _EvaluationThread(config, run_dir, control)
+    evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     bar = _progress_bar(config)
     try:
         while not monitor.check():
@@ -140,49 +141,14 @@ def _spawn(config: RunConfig, run_dir: Path, port: int) -> list[subprocess.Popen
     return procs
 
 
-class _EvaluationThread:
-    """Runs the Evaluator beside the monitor loop and asks the workers to stop at the target."""
-
-    def __init__(self, config: RunConfig, run_dir: Path, control: dist.Store) -> None:
-        self.config, self.control = config, control
-        self.error: BaseException | None = None
-        self.evaluator = Evaluator.for_workload(
-            run_dir,
-            get_workload(config.workload),
-            config.workers,
-            config.eval_samples,
-            data_dir=config.data_dir,
-            keep_snapshots=config.keep_snapshots,
-            on_consensus=self._on_consensus,
-        )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="hetsync-eval", daemon=True)
-        self._thread.start()
-
-    def _on_consensus(self, _t: float, loss: float) -> None:
-        target = self.config.target_loss
-        if self.config.stop_at_target and target is not None and loss <= target:
-            self.control.set(STOP_KEY, "target_loss")
-
-    def _loop(self) -> None:
-        try:
-            while not self._stop.wait(0.3):
-                self.evaluator.poll()
-        except BaseException as error:  # noqa: BLE001 - surfaced by raise_error()
-            self.error = error
-
-    def raise_error(self) -> None:
-        if self.error is not None:
-            raise RuntimeError(f"the evaluator failed: {self.error!r}") from self.error
-
-    def abandon(self) -> None:
-        self._stop.set()
-
-    def finish(self) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.raise_error()
-        self.evaluator.finish()
+def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store) -> EvaluationThread:
+    """The built-in workload's evaluation beside the monitor loop; stops the run at target."""
+    evaluator = Evaluator.for_workload(
+        run_dir, get_workload(config.workload), config.workers, config.eval_samples,
+        data_dir=config.data_dir, keep_snapshots=config.keep_snapshots,
+        on_consensus=stop_at_target(config, partial(control.set, STOP_KEY)),
+    )
+    return EvaluationThread(evaluator)
 
 
 def _progress_bar(config: RunConfig) -> tqdm | None:
@@ -196,7 +162,7 @@ def _progress_bar(config: RunConfig) -> tqdm | None:
 
 
 def _update_bar(
-    bar: tqdm | None, config: RunConfig, monitor: Monitor, evaluation: _EvaluationThread | None
+    bar: tqdm | None, config: RunConfig, monitor: Monitor, evaluation: EvaluationThread | None
 ) -> None:
     if bar is None:
         return

@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from hetsync.config import RunConfig
 from hetsync.metrics.evaluator import Evaluator
 
-__all__ = ["EvaluateFn", "EvaluationThread", "ScriptMeasure", "parse_result"]
+__all__ = ["EvaluateFn", "EvaluationThread", "ScriptMeasure", "parse_result", "stop_at_target"]
 
 #: A script's evaluation: the model (in eval mode, without gradients) -> its held-out loss, as
 #: a number, a `(loss, accuracy)` pair or a mapping with "loss" and optionally "accuracy".
@@ -53,6 +54,20 @@ class ScriptMeasure:
         self.model.eval()
         with torch.no_grad():
             return parse_result(self.evaluate(self.model))
+
+
+def stop_at_target(
+    config: RunConfig, request_stop: Callable[[str], None]
+) -> Callable[[float, float], None]:
+    """An Evaluator's `on_consensus` that asks every worker to stop once the consensus model
+    reaches the run's target loss (unless `--no-stop-at-target`)."""
+
+    def on_consensus(_t: float, loss: float) -> None:
+        target = config.target_loss
+        if config.stop_at_target and target is not None and loss <= target:
+            request_stop("target_loss")
+
+    return on_consensus
 
 
 class EvaluationThread:
