@@ -22,8 +22,10 @@ and waits for the reply, a buffer of the same size
 
 which it copies into its parameters and buffers; its own optimizer step is skipped. Remote
 workers use `send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them with an
-any-source `recv` (gloo only: NCCL has none). Rank 0 hands its message to the server object
-directly.
+any-source `recv`, which NCCL has not: on NCCL runs these messages go over the runtime's
+gloo host group, and the server's model and every message live in host memory whatever the
+model's device (staged by one copy each way; on CPU the same code copies nothing). Rank 0
+hands its message to the server object directly.
 
 - `--ps-mode sync`: a round collects one gradient from every live worker for the current
   version, applies their mean in one step, and answers all of them with the new model. The
@@ -56,8 +58,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from hetsync.config import RunConfig
-from hetsync.errors import ConfigError
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.transport.flat import unflatten_into
@@ -76,9 +76,10 @@ def _hyper(group: dict[str, Any]) -> dict[str, Any]:
 
 
 def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
-    """The tensors' values, detached, in one new 1-D tensor of `dtype` (empty for none)."""
+    """The tensors' values, detached, in one new 1-D host tensor of `dtype` (empty for none):
+    the server's model and every message live in host memory, whatever the model's device."""
     return torch.cat([torch.zeros(0, dtype=dtype),
-                      *(t.detach().reshape(-1).to(dtype) for t in tensors)])
+                      *(t.detach().reshape(-1).to(dtype=dtype, device="cpu") for t in tensors)])
 
 
 def _trainable(optimizer: torch.optim.Optimizer) -> list[list[nn.Parameter]]:
@@ -94,10 +95,11 @@ class _Server:
     hyper-parameters from it before every step. `buffers` are rank 0's floating buffers."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
-                 sync: bool, world: int) -> None:
-        self.source = optimizer
+                 sync: bool, world: int, group: dist.ProcessGroup | None = None) -> None:
+        self.source, self.group = optimizer, group
         groups = _trainable(optimizer)
-        self.params = [nn.Parameter(p.detach().clone()) for group in groups for p in group]
+        self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
+                       for p in group]
         self.grads = [torch.zeros_like(p) for p in self.params]
         for p, g in zip(self.params, self.grads, strict=True):
             p.grad = g
@@ -157,7 +159,7 @@ class _Server:
         buf = torch.empty(_HEADER + self.size + self.buffers.numel(), dtype=self.dtype)
         try:
             while remote > 0:
-                src = dist.recv(buf, src=None, tag=PUSH_TAG)
+                src = dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
                 with self.cond:
                     if buf[0] == _BYE:
                         remote, self.live = remote - 1, self.live - 1
@@ -229,7 +231,7 @@ class _Server:
     def _send(self, sends: list[tuple[int, torch.Tensor]]) -> None:
         with self.send_lock:
             for rank, reply in sends:
-                dist.send(reply, rank, tag=PULL_TAG)
+                dist.send(reply, rank, tag=PULL_TAG, group=self.group)
         if sends:
             with self.cond:
                 self.bytes_sent += sum(r.numel() * r.element_size() for _, r in sends)
@@ -239,17 +241,11 @@ class _Server:
 class ParameterServer(Protocol):
     """Gradients pushed to a server thread on rank 0, which answers with the new model."""
 
-    @classmethod
-    def check_config(cls, config: RunConfig) -> None:
-        if config.backend == "nccl":
-            raise ConfigError("ps needs gloo: its server receives from any source")
-
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
         super().__init__(runtime, model, optimizer)
-        if runtime.world_size > 1 and runtime.backend != "gloo":
-            raise RuntimeError(f"ps needs the gloo backend (this run uses {runtime.backend})")
+        self.group = runtime.host_group  # the server receives from any source: gloo
         self.sync = runtime.config.ps_mode == "sync"
         self.params = [p for group in _trainable(optimizer) for p in group]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
@@ -259,7 +255,7 @@ class ParameterServer(Protocol):
         size = _HEADER + sum(p.numel() for p in self.params) + self.loaded.numel()
         self.reply = torch.empty(size, dtype=self.dtype)
         self.server = (
-            _Server(optimizer, self.buffers, self.sync, runtime.world_size)
+            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group)
             if runtime.rank == 0 else None
         )
 
@@ -274,8 +270,8 @@ class ParameterServer(Protocol):
             if self.server is not None:
                 reply = self.server.push(msg)
             else:
-                dist.send(msg, 0, tag=PUSH_TAG)
-                dist.recv(self.reply, 0, tag=PULL_TAG)
+                dist.send(msg, 0, tag=PUSH_TAG, group=self.group)
+                dist.recv(self.reply, 0, tag=PULL_TAG, group=self.group)
                 reply = self.reply
         split = len(reply) - self.loaded.numel()
         with torch.no_grad():
@@ -300,4 +296,4 @@ class ParameterServer(Protocol):
         else:
             bye = torch.zeros_like(self.reply)
             bye[0] = _BYE
-            dist.send(bye, 0, tag=PUSH_TAG)
+            dist.send(bye, 0, tag=PUSH_TAG, group=self.group)
