@@ -1,19 +1,18 @@
 """The public training API: wrap your optimizer, keep your loop.
 
     import hetsync
-    hetsync.init()
-    model, opt = hetsync.prepare(model, torch.optim.SGD(model.parameters(), lr=0.05))
-    for x, y in loader:
+    device = hetsync.init().device
+    model, opt = hetsync.prepare(model.to(device), torch.optim.SGD(model.parameters(), lr=0.05),
+                                 evaluate=held_out_loss)     # optional: fn(model) -> loss
+    for x, y in opt.iterate(loader, epochs=10):              # set_epoch, stop, close()
         opt.zero_grad()
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step(loss=loss)          # pace, synchronise, log, agree on stopping
-        if opt.should_stop:
-            break
-    opt.close()
+    final = opt.consensus_model()    # every rank: the average of all workers' models
 
-or, with a DataLoader, `for x, y in opt.iterate(loader, epochs=10):`, which also handles
-`set_epoch`, stopping and `close()`.
+or a plain loop with `if opt.should_stop: break` and `opt.close()`. The optimizer is a
+`torch.optim.Optimizer`: schedulers, GradScaler and clipping work on it.
 
 hetsync's own workloads train through exactly this loop (hetsync/launch/worker.py).
 """
