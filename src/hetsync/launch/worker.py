@@ -10,7 +10,6 @@ import dataclasses
 import os
 import signal
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,7 +17,6 @@ import torch.distributed as dist
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
-from hetsync.launch.launcher import default_out
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.workloads import Shard, get_workload
@@ -59,14 +57,15 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
 
 def run_under_torchrun(config: RunConfig) -> None:
     """`hetsync train` under torchrun: no launcher, so rank 0 evaluates and summarises."""
-    out = Path(config.out) if config.out else default_out(config)
-    config = dataclasses.replace(config, out=out)
     try:
         opt = train(config)
         runtime = opt.runtime
+        out = runtime.run_dir  # `out`, or the directory rank 0 named for every rank
+        assert out is not None
         if runtime.world_size > 1:
             dist.barrier()
         if runtime.rank == 0:
+            config = runtime.config  # its `workers` is torchrun's world size
             (out / "config.json").write_text(config.to_json() + "\n")
             evaluator = Evaluator.for_workload(
                 out, get_workload(config.workload), runtime.world_size, config.eval_samples,

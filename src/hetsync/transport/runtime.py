@@ -137,6 +137,7 @@ def init(**defaults: object) -> Runtime:
         config = dataclasses.replace(config, workers=world)
         if run_dir is None:
             run_dir = _agree_on_run_dir(dist.PrefixStore("hetsync", store), rank, config)
+            config = dataclasses.replace(config, out=run_dir)
     else:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
