@@ -69,6 +69,8 @@ VARIANTS = {
     "staleness": {"staleness": 2, "max_gap": 3},
     "backup+skip": {"backup": 1, "skip": True, "max_gap": 4},
     "directed+skip": {"topology": "directed-ring", "skip": True, "max_gap": 3},
+    "exponential+backup+skip": {"topology": "exponential", "backup": 2, "skip": True,
+                                "max_gap": 3, "slowdown": "deterministic:ranks=0,factor=5"},
 }
 
 
