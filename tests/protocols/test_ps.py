@@ -88,6 +88,17 @@ def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
     server.close()
 
 
+def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
+    # n pushes at 1/n of the rate: one step's worth, for Adam too (scaling the gradient by
+    # 1/n instead would take n full Adam steps, since Adam normalises the gradient away).
+    param = nn.Parameter(torch.zeros(2))
+    server = _Server(torch.optim.Adam([param], lr=0.1), [], sync=False, world=2)
+    with server.cond:  # the serving thread died at once (no process group); pushes go direct
+        for version in range(2):
+            server._accept(_push([1.0, -2.0], version=version), 1)
+    assert server.params[0].tolist() == pytest.approx([-0.1, 0.1], rel=1e-3)
+
+
 def test_a_dead_server_thread_is_reported_not_waited_for():
     # No process group: the serving thread's first receive fails.
     param = nn.Parameter(torch.zeros(2))

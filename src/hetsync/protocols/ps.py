@@ -32,10 +32,12 @@ hands its message to the server object directly.
   stop votes are OR-ed over the round, so every worker stops after the same iteration.
 - `--ps-mode async`: each gradient is applied as it arrives and only its sender gets the new
   model; staleness = server version at apply time - version the gradient was computed on.
-  A gradient is applied scaled by 1/n, its share of the synchronous mean: n workers' pushes
-  then move the model as far as one sync round, so both modes take the same learning rate
-  and momentum (unscaled, 4 async workers with momentum 0.9 diverge on digits). Workers stop
-  on their own.
+  Each gradient is applied with 1/n of the learning rate, its share of the synchronous mean:
+  n workers' pushes then move the model as far as one sync round, so both modes take the same
+  learning rate and momentum (at the full rate, 4 async workers with momentum 0.9 diverge on
+  digits). Scaling the rate rather than the gradient keeps that true for optimizers that
+  normalise the gradient (Adam: a gradient scaled by 1/n is a full step) and for weight decay.
+  Workers stop on their own.
 
 Buffers are shared too (floating ones: BatchNorm's running statistics; integer ones such as
 num_batches_tracked stay local). The buffer change a worker pushes is what its forward passes
@@ -193,7 +195,7 @@ class _Server:
             return self._finish_round()
         staleness = self.version - version
         # 1/n of a step: a gradient's share of the sync mean (and a buffer change's)
-        self._apply(grad / self.world, delta / self.world)
+        self._apply(grad, delta / self.world, lr_scale=1.0 / self.world)
         return self._deliver([src], staleness, stop=False)
 
     def _finish_round(self) -> list[tuple[int, torch.Tensor]]:
@@ -208,12 +210,13 @@ class _Server:
         stop, self.vote = self.vote, False
         return self._deliver(ranks, 0, stop)
 
-    def _apply(self, grad: torch.Tensor, delta: torch.Tensor) -> None:
+    def _apply(self, grad: torch.Tensor, delta: torch.Tensor, lr_scale: float = 1.0) -> None:
         groups = self.source.param_groups
         if len(groups) != len(self.optimizer.param_groups):
             raise RuntimeError("ps: the optimizer's param groups changed after it was wrapped")
         for mine, theirs in zip(self.optimizer.param_groups, groups, strict=True):
             mine.update(_hyper(theirs))  # e.g. the lr set by rank 0's scheduler
+            mine["lr"] = mine["lr"] * lr_scale
         unflatten_into(grad, self.grads)
         self.optimizer.step()
         self.buffers.add_(delta)
