@@ -98,6 +98,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--optimizer", choices=("adam", "sgd"), default="adam",
+                        help="sgd: with momentum 0.9")
     parser.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=48)
@@ -114,7 +116,8 @@ def main() -> None:
 
     torch.manual_seed(args.seed)  # the same model on every rank
     net = CharGRU(vocab, args.embedding, args.hidden, args.layers)
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.lr)
+    optimizer = (torch.optim.Adam(net.parameters(), lr=args.lr) if args.optimizer == "adam"
+                 else torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.epochs * len(loader))
     model, optimizer = hetsync.prepare(  # hetsync: rank 0 evaluates the consensus model
         net, optimizer, evaluate=lambda m: evaluate(m, held_out)  # during the run: summary.json
