@@ -24,18 +24,18 @@ The iteration completes once |in(i)| - `backup` in-neighbours are resolved (all 
 backup 0); it averages what it has, with the topology's weights renormalised over the models
 used. A neighbour that left the run is no longer waited for.
 
-Iteration skipping (`skip`): before starting its next iteration k, a worker that is
-*outpaced* (an in-neighbour j sent two or more new tags while it computed its last iteration)
-jumps to the iteration k' that j's newest update reaches, if k' >= k + `skip_threshold`, capped
-by the tokens it holds. It merges its in-neighbours' newest models, returns the k' - k skipped
-iterations' tokens at once and sends its merged model tagged k'. Its out-neighbours accept the
-missing tags by the rule above. Two refinements keep a slow worker from holding back the rest:
-- j's newest tag t reaches t + 1 where j also sends tokens to this worker and they show that j
-  has completed t: j is then blocked on this worker's tokens, so its x_{t+1} cannot be sent
-  yet, and stopping at t would return only max_gap - 1 tokens per slow iteration, not max_gap;
-- only an outpacing j counts. A worker held back by an out-neighbour's tokens lags too, but
-  its in-neighbours are held back by its own tokens and cannot outpace it: skipping would spend
-  the tokens it could compute with, and cascade along the graph.
+Iteration skipping (`skip`): before starting its next iteration k, a worker jumps to the
+iteration k' its in-neighbours' newest updates reach, if k' >= k + `skip_threshold`, capped by
+the tokens it holds. It merges their newest models, returns the k' - k skipped iterations'
+tokens at once and sends its merged model tagged k'. Its out-neighbours accept the missing tags
+by the rule above. Two refinements keep one slow worker from holding back the rest:
+- an update tagged t from j reaches t + 1 where j also sends tokens to this worker and they
+  show that j has completed t: j then waits for this worker's tokens, so its x_{t+1} cannot
+  come yet, and stopping at t would return only max_gap - 1 tokens per slow iteration;
+- a worker *held back* by an out-neighbour (it had to wait for its tokens, and that neighbour
+  has not got ahead of it since: it holds at most max_gap of its tokens) does not skip. It lags
+  its other neighbours because of the tokens, not its speed, so skipping would spend the few
+  tokens it gets without computing, and its own in-neighbours would then skip in turn.
 
 `mode="notify-ack"` is the design Hop improves on: one update in flight per edge, released by
 the receiver's acknowledgement once it has consumed it. Here that is a token queue of size 1
@@ -244,8 +244,7 @@ class HopCore:
         self.held: dict[int, list[int]] = {j: [] for j in self.in_peers}
         self.newest = {j: 0 for j in self.in_peers}
         self.left: set[int] = set()
-        self.newest_at_start = dict(self.newest)
-        self.outpacing: frozenset[int] = frozenset()
+        self.held_back_by: set[int] = set()
 
     # --- the one mutating entry point -----------------------------------------------------
     def handle(self, event: Event) -> list[Decision]:
@@ -267,8 +266,6 @@ class HopCore:
                 raise LocalProtocolError(f"rank {self.rank}: {event} during iteration "
                                          f"{self.iteration}")
             self.state = State.COLLECTING
-            self.outpacing = frozenset(j for j, tag in self.newest.items()
-                                       if tag >= self.newest_at_start[j] + 2)
         elif isinstance(event, UpdateReceived):
             self._receive_update(event)
         elif isinstance(event, TokensReceived):
@@ -322,6 +319,9 @@ class HopCore:
     def _try_start(self) -> list[Decision]:
         live_out = self._live_out()
         short = tuple(j for j in live_out if self.tokens[j] < 1)
+        self.held_back_by.update(short)
+        self.held_back_by.difference_update(
+            j for j in live_out if self.tokens[j] > self.config.tokens)  # j got ahead
         if short:
             return [*self._prune(), Wait(iteration=self.iteration, tokens=short)]
         decisions: list[Decision] = []
@@ -331,17 +331,16 @@ class HopCore:
         for j in live_out:
             self.tokens[j] -= 1 + skipped
         self.state = State.COMPUTING
-        self.newest_at_start = dict(self.newest)
         return [*decisions, *self._prune(), StartIteration(iteration=self.iteration),
                 SendUpdate(tag=self.iteration, to=live_out)]
 
     def _skip_distance(self, live_out: tuple[int, ...]) -> int:
-        """Iterations to skip now (0: none): up to where the outpacing in-neighbours reach, as
-        far as the tokens held allow, if at least the threshold (module doc)."""
-        if not self.config.skip or not self.outpacing:
+        """Iterations to skip now (0: none): up to where the in-neighbours' newest updates
+        reach, as far as the tokens held allow, if at least the threshold (module doc)."""
+        if not self.config.skip or not self.in_peers or self.held_back_by.intersection(live_out):
             return 0
         budget = min((self.tokens[j] for j in live_out), default=math.inf)
-        reach = max(self.newest[j] + self._completed_newest(j, live_out) for j in self.outpacing)
+        reach = max(self.newest[j] + self._completed_newest(j, live_out) for j in self.in_peers)
         distance = int(min(reach, self.iteration - 1 + budget) - self.iteration)
         return distance if distance >= self.config.skip_threshold else 0
 
