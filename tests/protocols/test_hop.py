@@ -114,8 +114,7 @@ def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
     [({"backup": 2}, "--backup must be < the in-degree 2 of rank 0"),
      ({"staleness": 3, "max_gap": 3}, "--max-gap must be > --staleness 3"),
      ({"hop_mode": "notify-ack", "backup": 1}, "notify-ack cannot express"),
-     ({"topology": "one-peer-exponential"}, "fixed graph"),
-     ({"backend": "nccl"}, "needs gloo")],
+     ({"topology": "one-peer-exponential"}, "fixed graph")],
 )
 def test_bad_options_are_refused_before_anything_starts(options, match):
     with pytest.raises(ConfigError, match=match):

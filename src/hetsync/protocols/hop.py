@@ -76,8 +76,6 @@ class Hop(Protocol):
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:
-        if config.backend == "nccl":
-            raise ConfigError("hop needs gloo: its receiver threads receive from any source")
         topology = build(config.topology, config.workers, config.weights)
         if topology.dynamic:
             raise ConfigError(f"hop needs a fixed graph; --topology {config.topology} changes "
@@ -108,6 +106,7 @@ class Hop(Protocol):
         self_weight, weights = topology.recv_weights(rank)
         self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, hop_config(config))
         self.tensors = model_tensors(model)
+        self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
         self.timeout = config.hang_timeout
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
@@ -188,8 +187,8 @@ class Hop(Protocol):
                 step.extra.setdefault("started_at", time.time())
                 step.extra["tag"] = decision.iteration
             elif isinstance(decision, SendUpdate):
-                self._send(flatten(self.tensors, float(decision.tag)), decision.to,
-                           _UPDATE_TAG, step)
+                update = flatten(self.tensors, float(decision.tag), device=self.host)
+                self._send(update, decision.to, _UPDATE_TAG, step)
             elif isinstance(decision, Aggregate):
                 self._average(decision.inputs, decision.self_weight, decision.weights)
                 step.extra["done_at"] = time.time()
@@ -208,7 +207,7 @@ class Hop(Protocol):
             with step.blocking():
                 self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
         for j in to:
-            self._sends.append((dist.isend(message, j, tag=tag), message))
+            self._sends.append((dist.isend(message, j, tag=tag, group=self.group), message))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
     def _scalar(self, value: float) -> torch.Tensor:
@@ -222,7 +221,7 @@ class Hop(Protocol):
     def _average(
         self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
     ) -> None:
-        average = flatten(self.tensors) * self_weight
+        average = flatten(self.tensors, device=self.host) * self_weight
         for j, tag in inputs.items():
             average.add_(self.updates[j, tag][:-1], alpha=weights[j])
         with torch.no_grad():
@@ -240,7 +239,7 @@ class Hop(Protocol):
         try:
             while senders:
                 buffer = torch.empty(size, dtype=self.tensors[0].dtype)
-                src = dist.recv(buffer, src=None, tag=tag)
+                src = dist.recv(buffer, src=None, tag=tag, group=self.group)
                 header = float(buffer[-1])
                 if header == _END:
                     senders -= 1
@@ -255,11 +254,11 @@ class Hop(Protocol):
     def close(self) -> None:
         """End this worker's channels, then wait until every neighbour has ended its own."""
         self._wait_sends()
-        end = flatten(self.tensors, _END)
+        end = flatten(self.tensors, _END, device=self.host)
         for j in self.core.out_peers:
-            dist.send(end, j, tag=_UPDATE_TAG)
+            dist.send(end, j, tag=_UPDATE_TAG, group=self.group)
         for j in self.core.in_peers:
-            dist.send(self._scalar(_END), j, tag=_TOKEN_TAG)
+            dist.send(self._scalar(_END), j, tag=_TOKEN_TAG, group=self.group)
         for thread in self._threads:
             thread.join()
         while not self.inbox.empty():
