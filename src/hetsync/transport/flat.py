@@ -80,6 +80,9 @@ def average_model(model: nn.Module, backend: str) -> None:
         dist.all_reduce(wire)
         wire.div_(dist.get_world_size())
         unflatten_into(wire.to(flat.device), tensors)
+    # Leave together: a rank that exits (tearing down its gloo pairs) while a peer still
+    # finishes its part of the all-reduce can make that peer abort (seen once in CI).
+    dist.barrier()
 
 
 class BufferDrift:
