@@ -59,7 +59,7 @@ def run(config: RunConfig) -> RunResult:
     control = dist.PrefixStore("hetsync", store)
     procs = _spawn(config, run_dir, store.port)
     output = OutputRelay(procs, run_dir / "logs")
-    monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout)
+    monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output)
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     bar = _progress_bar(config)
     try:

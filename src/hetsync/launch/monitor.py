@@ -22,6 +22,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hetsync.errors import WorkerFailed
+from hetsync.launch.output import OutputRelay
 
 __all__ = ["Monitor", "Progress"]
 
@@ -48,6 +49,7 @@ class Monitor:
     store: dist.Store
     log_dir: Path
     hang_timeout: float
+    output: OutputRelay | None = None
     started: float = field(default_factory=time.monotonic)
     _beats: dict[int, str] = field(default_factory=dict)
     _changed: dict[int, float] = field(default_factory=dict)
@@ -170,6 +172,8 @@ class Monitor:
         return WorkerFailed(rank, f"failed with exit code {code}", details)
 
     def _last_output(self, rank: int) -> str:
+        if self.output is not None:
+            self.output.wait_for(rank)
         out = self.log_dir / f"rank{rank}.out"
         lines = out.read_text(errors="replace").splitlines() if out.is_file() else []
         if not lines:

@@ -65,6 +65,8 @@ class OutputRelay:
 
     def __init__(self, procs: list[subprocess.Popen[bytes]], log_dir: Path) -> None:
         self._selector = selectors.DefaultSelector()
+        self._open = [2] * len(procs)  # pipes not at end of file, per rank
+        self._closed = threading.Condition()
         self._copies = [open(log_dir / f"rank{r}.out", "wb") for r in range(len(procs))]
         for rank, proc in enumerate(procs):
             for pipe, to_stderr in ((proc.stdout, False), (proc.stderr, True)):
@@ -82,6 +84,11 @@ class OutputRelay:
         self._thread.join(timeout)
         self._stop.set()
         self._thread.join()
+
+    def wait_for(self, rank: int, timeout: float = 2.0) -> None:
+        """Wait until rank's pipes are drained (it exited), so logs/rank{r}.out is complete."""
+        with self._closed:
+            self._closed.wait_for(lambda: self._open[rank] == 0, timeout)
 
     def _loop(self) -> None:
         try:
@@ -103,3 +110,6 @@ class OutputRelay:
         key.data.finish()
         self._selector.unregister(key.fileobj)
         key.fileobj.close()  # type: ignore[union-attr]
+        with self._closed:
+            self._open[key.data.rank] -= 1
+            self._closed.notify_all()
