@@ -280,7 +280,8 @@ class SyncOptimizer(torch.optim.Optimizer):
         on_consensus = stop_at_target(rt.config, partial(rt.store.set, STOP_KEY))
         measure = ScriptMeasure(self._raw_model, evaluate) if evaluate is not None else None
         evaluator = Evaluator(rt.run_dir, rt.world_size, measure, per_worker=False,
-                              keep_snapshots=rt.config.keep_snapshots, on_consensus=on_consensus)
+                              keep_snapshots=rt.config.keep_snapshots, on_consensus=on_consensus,
+                              target_loss=rt.config.target_loss)
         return EvaluationThread(evaluator, poll=evaluate is not None)
 
     def _wants_stop(self, iteration: int) -> bool:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hetsync.config import RunConfig
-from hetsync.metrics.summary import read_jsonl, summarize
+from hetsync.metrics.summary import read_jsonl, summarize, time_to_target
 
 
 def _write(path, rows):
@@ -37,7 +37,9 @@ def test_summary_figures(run_dir):
     assert summary["iterations"] == [20, 20, 20]
     assert summary["wall_time_s"] == pytest.approx(4.0)
     assert summary["samples_per_s"] == pytest.approx(60 * 10 / 4.0)
-    assert summary["time_to_target_s"] == 2.0  # consensus rows only, not a worker's own model
+    # consensus rows only, not a worker's own model; 0.9 at 1 s, 0.4 at 2 s: 0.5 at 1.8 s
+    assert summary["time_to_target_s"] == pytest.approx(1.8)
+    assert summary["time_to_target_bracket_s"] == [1.0, 2.0]
     assert summary["final_loss"] == 0.35 and summary["final_accuracy"] == 0.85
     assert summary["sync_wait_fraction"] == pytest.approx(0.6 / (2 + 2 + 4), rel=1e-3)
     assert summary["stop_reason"] == "max_time"
@@ -45,7 +47,33 @@ def test_summary_figures(run_dir):
 
 def test_unreached_target_is_null(run_dir):
     config = RunConfig(workers=3, batch_size=10, target_loss=0.1)
-    assert summarize(run_dir, config, None)["time_to_target_s"] is None
+    summary = summarize(run_dir, config, None)
+    assert summary["time_to_target_s"] is None and summary["time_to_target_bracket_s"] is None
+
+
+def _consensus(*points):
+    return [{"t": t, "model": "consensus", "loss": loss} for t, loss in points]
+
+
+def test_time_to_target_uses_time_order_not_file_order():
+    # a bisection appends its look-back rows after the evaluation that crossed
+    rows = _consensus((0.0, 2.0), (2.0, 1.0), (4.0, 0.4), (3.0, 0.8), (3.5, 0.6))
+    assert time_to_target(rows, 0.5) == (3.75, 3.5, 4.0)
+
+
+def test_time_to_target_is_the_first_crossing():
+    rows = _consensus((1.0, 0.9), (2.0, 0.5), (3.0, 0.7), (4.0, 0.3))
+    assert time_to_target(rows, 0.5) == (2.0, 1.0, 2.0)  # at the target counts as reached
+
+
+def test_time_to_target_met_by_the_first_evaluation():
+    assert time_to_target(_consensus((0.4, 0.2), (1.0, 0.1)), 0.5) == (0.4, 0.0, 0.4)
+
+
+def test_time_to_target_without_target_or_crossing():
+    rows = _consensus((1.0, 0.9), (2.0, 0.6))
+    assert time_to_target(rows, None) is None
+    assert time_to_target(rows, 0.5) is None
 
 
 def test_torn_last_line_is_skipped(tmp_path):

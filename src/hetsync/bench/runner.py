@@ -92,6 +92,7 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "step_time": options.step_time,
                     "slowdown": setting.slowdown,
                     "max_time": options.max_time or suite.max_time,
+                    "eval_every": suite.eval_every,
                     "target_loss": options.target_loss or suite.target_loss.get(options.workload),
                     "seed": options.seed + repeat,
                     "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",

@@ -53,6 +53,10 @@ class Suite:
     """Per workload, a target looser than the workload's own, to keep a suite short."""
     max_time: float = 180.0
     """Seconds per run unless --max-time says otherwise."""
+    eval_every: float = 0.25
+    """Seconds between snapshots: the resolution of the time to target, which is 5-30 s in
+    the suites (the evaluator bisects the snapshots around the crossing, so a cheap period;
+    docs/benchmarks.md, "Resolution")."""
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants

@@ -5,13 +5,21 @@ of a torchrun run) averages each complete set into the consensus model and measu
 each worker's own model, on the held-out split. When it falls behind it skips to the newest
 complete set, and it measures the workers' own models only on every `WORKER_EVAL_PERIOD`-th
 set it evaluates (they cost `world` times a consensus evaluation), so it never slows the run
-down by more than the CPU it uses.
+down by more than the CPU it uses, which `CPU_SHARE` bounds.
+
+Snapshots are cheap and evaluations are not (a LeNet on 10k images takes about a second), so
+the time to target is resolved by bisection rather than by evaluating every set: until the
+consensus loss first reaches the target, the sets skipped since the last evaluation are kept,
+and once an evaluation is at or below the target, they are bisected down to two consecutive
+sets, one above and one at or below. The crossing is then known to one snapshot period
+(`--eval-every`) for the price of log2(skipped sets) extra evaluations.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -25,6 +33,11 @@ from hetsync.workloads import Workload
 __all__ = ["Evaluator", "Measure", "WorkloadMeasure", "average_states", "consensus_distance"]
 
 WORKER_EVAL_PERIOD = 5
+
+#: The share of one core the evaluator may use while workers run: after an evaluation that
+#: took d seconds it waits d * (1 / CPU_SHARE - 1) before the next one. On the 2-core machine
+#: the suites run on, more would take CPU from the workers it measures.
+CPU_SHARE = 0.5
 
 
 def consensus_distance(states: list[dict[str, torch.Tensor]]) -> float:
@@ -91,16 +104,22 @@ class Evaluator:
         per_worker: bool = True,
         keep_snapshots: bool = False,
         on_consensus: Callable[[float, float], None] | None = None,
+        target_loss: float | None = None,
     ) -> None:
         """`measure` None: rows carry only the consensus distance (a script without an
-        evaluation function)."""
+        evaluation function). `target_loss`: the loss whose first crossing is bisected."""
         self.run_dir, self.world, self.measure = run_dir, world, measure
         self.per_worker = per_worker and measure is not None
         self.keep = keep_snapshots
         self.on_consensus = on_consensus
+        self.target_loss = target_loss
         self._out = (run_dir / "eval.jsonl").open("a")
         self.latest_loss: float | None = None
         self._sets_evaluated = 0
+        self._last_index: str | None = None
+        """The newest consensus set evaluated (the lower end of a crossing's bracket)."""
+        self._crossed = target_loss is None or measure is None
+        self._next_due = 0.0
 
     @classmethod
     def for_workload(
@@ -109,24 +128,54 @@ class Evaluator:
     ) -> Evaluator:
         return cls(run_dir, world, WorkloadMeasure(workload, eval_samples, data_dir), **options)
 
-    def poll(self, every_set: bool = False) -> int:
+    def poll(self, every_set: bool = False, throttle: bool = True) -> int:
         """Evaluate the newest complete snapshot set (or all, post hoc) and drop the evaluated
-        and older ones. Returns the number of sets evaluated."""
+        and older ones, unless `CPU_SHARE` says to wait. Returns the number of sets evaluated."""
         complete = self._complete_indexes()
+        if throttle and not every_set and time.monotonic() < self._next_due:
+            if self._crossed:  # else the skipped sets are kept: the crossing may be among them
+                for index in complete[:-1]:
+                    self._discard(index)
+            return 0
+        started = time.monotonic()
         chosen = complete if every_set else complete[-1:]
         for index in chosen:
-            self._evaluate_set(index, full=False)
+            skipped = [n for n in complete if (self._last_index or "") < n < index]
+            if self._crossed_at(self._evaluate_set(index)["loss"]):
+                self._bisect(skipped)
+            self._last_index = index
         for index in complete:
             self._discard(index)
+        self._next_due = time.monotonic() + (time.monotonic() - started) * (1 / CPU_SHARE - 1)
         return len(chosen)
+
+    def _crossed_at(self, loss: float | None) -> bool:
+        """Whether `loss` is the first consensus loss at or below the target."""
+        if self._crossed or loss is None or self.target_loss is None or loss > self.target_loss:
+            return False
+        self._crossed = True
+        return True
+
+    def _bisect(self, between: list[str]) -> None:
+        """Narrow the crossing down to two consecutive sets of `between` (the sets after the
+        last evaluation above the target, before the first at or below it)."""
+        assert self.target_loss is not None
+        above, below = -1, len(between)
+        while below - above > 1:
+            middle = (above + below) // 2
+            loss = self._evaluate_set(between[middle], extras=False)["loss"]
+            if loss is not None and loss <= self.target_loss:
+                below = middle
+            else:
+                above = middle
 
     def finish(self, every_set: bool = False) -> dict[str, float] | None:
         """Evaluate what is left, then the final models on the whole held-out split."""
-        self.poll(every_set)
+        self.poll(every_set, throttle=False)
         if not all(snapshot_path(self.run_dir, "final", r).is_file() for r in range(self.world)):
             self._out.close()
             return None
-        row = self._evaluate_set("final", full=True)
+        row = self._evaluate_set("final")
         self._discard("final")
         self._out.close()
         if not self.keep:
@@ -143,7 +192,9 @@ class Evaluator:
             if all(snapshot_path(self.run_dir, n, r).is_file() for r in range(self.world))
         ]
 
-    def _evaluate_set(self, index: str, full: bool) -> dict[str, float]:
+    def _evaluate_set(self, index: str, extras: bool = True) -> dict[str, Any]:
+        """One row for the consensus of set `index`. `extras` False (a bisection's look back):
+        no workers' own models, no `on_consensus`, no progress-bar loss."""
         loaded = [torch.load(snapshot_path(self.run_dir, index, r)) for r in range(self.world)]
         states = [item["state"] for item in loaded]
         iterations = [int(item["iteration"]) for item in loaded]
@@ -153,11 +204,14 @@ class Evaluator:
         row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations,
                "consensus_distance": consensus_distance(states)}
         self._write(row)
+        if not extras:
+            return row
         if name == "consensus" and loss is not None:
             self.latest_loss = loss
             if self.on_consensus is not None:
                 self.on_consensus(t, loss)
-        if self.per_worker and not full and self._sets_evaluated % WORKER_EVAL_PERIOD == 0:
+        due = self._sets_evaluated % WORKER_EVAL_PERIOD == 0
+        if self.per_worker and name == "consensus" and due:
             for rank, state in enumerate(states):
                 w_loss, w_acc = self._measure(state, subset=True)
                 self._write({**row, "model": f"rank{rank}", "loss": w_loss, "accuracy": w_acc})

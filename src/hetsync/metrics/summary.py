@@ -8,7 +8,7 @@ from typing import Any
 
 from hetsync.config import RunConfig
 
-__all__ = ["read_jsonl", "summarize", "write_summary"]
+__all__ = ["read_jsonl", "summarize", "time_to_target", "write_summary"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -36,16 +36,12 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
     batch = config.batch_size or 0
     sync_wait = sum(row["sync_wait_s"] for rows in workers for row in rows)
     busy = sum(ends)
-    target = config.target_loss
-    reached = [
-        row["t"] for row in evals
-        if row["model"] in ("consensus", "final") and target is not None
-        and row.get("loss") is not None and row["loss"] <= target
-    ]
+    crossing = time_to_target(evals, config.target_loss)
     final = next((row for row in reversed(evals) if row["model"] == "final"), None)
     measured = final if final is not None and final.get("loss") is not None else None
     samples_per_s = round(sum(iterations) * batch / wall, 2) if wall > 0 and batch else None
     ideal = ideal_samples_per_s(config)
+    dropped = [row["dropped"] for rows in workers for row in rows if "dropped" in row]
     return {
         "protocol": config.protocol,
         "label": config.label or config.protocol,
@@ -62,14 +58,40 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
         "ideal_samples_per_s": ideal,
         "ideal_fraction": round(samples_per_s / ideal, 4) if samples_per_s and ideal else None,
         "iterations_per_s": round(sum(iterations) / wall, 2) if wall > 0 else 0.0,
-        "time_to_target_s": round(min(reached), 3) if reached else None,
-        "target_loss": target,
+        "time_to_target_s": crossing[0] if crossing else None,
+        "time_to_target_bracket_s": list(crossing[1:]) if crossing else None,
+        "target_loss": config.target_loss,
         "final_loss": measured["loss"] if measured else _last_train_loss(workers),
         "final_accuracy": measured["accuracy"] if measured else None,
         "final_consensus_distance": final.get("consensus_distance") if final else None,
         "sync_wait_fraction": round(sync_wait / busy, 4) if busy > 0 else 0.0,
+        "dropped_gradients": int(sum(dropped)) if dropped else None,
         "stop_reason": stop_reason,
     }
+
+
+def time_to_target(
+    evals: list[dict[str, Any]], target: float | None
+) -> tuple[float, float, float] | None:
+    """When the consensus loss first reached `target`, linearly interpolated between the last
+    evaluation above it and the first at or below it, with those two times (the bracket: the
+    crossing is known to lie between them). None if never reached; a target met by the first
+    evaluation has the bracket [0, its time] and that time."""
+    if target is None:
+        return None
+    rows = sorted((row for row in evals if row["model"] in ("consensus", "final")
+                   and row.get("loss") is not None), key=lambda row: row["t"])
+    above: dict[str, Any] | None = None
+    for row in rows:
+        if row["loss"] > target:
+            above = row
+            continue
+        if above is None:
+            return round(row["t"], 3), 0.0, round(row["t"], 3)
+        fraction = (above["loss"] - target) / (above["loss"] - row["loss"])
+        t = above["t"] + fraction * (row["t"] - above["t"])
+        return round(t, 3), round(above["t"], 3), round(row["t"], 3)
+    return None
 
 
 def ideal_samples_per_s(config: RunConfig) -> float | None:

@@ -1,0 +1,91 @@
+"""The evaluator's bisection of the first crossing of the target (no processes: a fake
+measure whose loss is a parameter of the model)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hetsync.metrics import evaluator as evaluator_module
+from hetsync.metrics.evaluator import Evaluator
+from hetsync.metrics.summary import time_to_target
+from hetsync.metrics.worker_log import snapshot_path
+
+
+def _snapshot(run_dir, index, loss, world=2):
+    """Set `index` at t = index / 4 s, whose consensus loss is `loss`."""
+    for rank in range(world):
+        path = snapshot_path(run_dir, index, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"w": torch.tensor([loss + (0.1 if rank else -0.1)])}
+        torch.save({"iteration": index, "t": index / 4, "state": state}, path)
+
+
+class LossIsW:
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, state, subset):
+        self.calls += 1
+        return float(state["w"]), None
+
+
+def _rows(run_dir):
+    return [json.loads(line) for line in (run_dir / "eval.jsonl").read_text().splitlines()]
+
+
+def _losses(n):
+    """Falling by 0.1 every set: 1.6 at set 0, 0.5 at set 11, 0.4 at set 12."""
+    return [1.6 - 0.1 * i for i in range(n)]
+
+
+def test_the_skipped_sets_are_bisected_down_to_one_snapshot_period(tmp_path):
+    measure = LossIsW()
+    evaluator = Evaluator(tmp_path, 2, measure, per_worker=False, target_loss=0.45)
+    _snapshot(tmp_path, 0, 1.6)
+    evaluator.poll(throttle=False)
+    for index, loss in enumerate(_losses(16)[1:], start=1):  # fell behind: 15 sets at once
+        _snapshot(tmp_path, index, loss)
+    stops = []
+    evaluator.on_consensus = lambda t, loss: stops.append(t)
+    assert evaluator.poll(throttle=False) == 1
+    assert stops == [15 / 4]  # only the newest set counts for stopping the run
+    assert measure.calls == 2 + 4  # the 14 sets between: log2(15) evaluations, not 14
+    assert not (tmp_path / "snapshots" / "000005").exists()  # all dropped afterwards
+    assert time_to_target(_rows(tmp_path), 0.45) == pytest.approx((11.5 / 4, 11 / 4, 12 / 4))
+
+
+def test_after_the_crossing_skipped_sets_are_dropped_unevaluated(tmp_path):
+    measure = LossIsW()
+    evaluator = Evaluator(tmp_path, 2, measure, per_worker=False, target_loss=0.45)
+    for index, loss in enumerate([0.3, 0.2, 0.1]):
+        _snapshot(tmp_path, index, loss)
+    evaluator.poll(throttle=False)
+    assert measure.calls == 2  # crossed at once: set 0 (already below) bounds the bracket
+    for index, loss in enumerate([0.05, 0.04, 0.03], start=3):
+        _snapshot(tmp_path, index, loss)
+    evaluator.poll(throttle=False)
+    assert measure.calls == 3  # the newest only
+
+
+def test_a_throttled_poll_keeps_the_sets_a_bisection_may_need(tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluator_module, "CPU_SHARE", 1e-9)  # wait "forever" after one
+    evaluator = Evaluator(tmp_path, 2, LossIsW(), per_worker=False, target_loss=0.45)
+    _snapshot(tmp_path, 0, 1.6)
+    assert evaluator.poll() == 1
+    for index, loss in enumerate(_losses(4)[1:], start=1):
+        _snapshot(tmp_path, index, loss)
+    assert evaluator.poll() == 0
+    assert all((tmp_path / "snapshots" / f"{i:06d}").exists() for i in (1, 2, 3))
+
+
+def test_without_a_target_nothing_is_kept_or_bisected(tmp_path):
+    measure = LossIsW()
+    evaluator = Evaluator(tmp_path, 2, measure, per_worker=False)
+    for index, loss in enumerate(_losses(5)):
+        _snapshot(tmp_path, index, loss)
+    evaluator.poll(throttle=False)
+    assert measure.calls == 1
+    assert not (tmp_path / "snapshots" / "000000").exists()
