@@ -45,6 +45,8 @@ _RUN_HELP = {
     "one-peer-exponential, complete, bipartite-exponential, edges:FILE",
     "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
     "ps_mode": "parameter server: sync or async",
+    "ps_backup": "parameter server, sync: backup workers, gradients not waited for per round "
+    "(late ones dropped)",
     "adpsgd_mode": "AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; for comparison)",
     "max_gap": "Hop: tokens per edge, the most iterations a worker may run ahead of a receiver",
     "backup": "Hop: in-neighbours not waited for in each iteration (backup workers)",

@@ -64,6 +64,9 @@ class RunConfig:
     """Mixing weights: uniform or metropolis."""
     ps_mode: str = "sync"
     """Parameter server: sync (wait for every worker) or async (apply each gradient)."""
+    ps_backup: int = 0
+    """Parameter server, sync: a round closes at the first workers - ps_backup gradients; late
+    ones are dropped (backup workers, Chen et al. 2016)."""
     adpsgd_mode: str = "bipartite"
     """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
     max_gap: int = _HOP.max_gap
@@ -132,7 +135,7 @@ class RunConfig:
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "backup", "staleness", "ready_wait"):
+                     "backup", "staleness", "ready_wait", "ps_backup"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
@@ -151,6 +154,8 @@ class RunConfig:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
         self.slowdown_spec().check_ranks(self.workers)
+        if self.ps_backup and self.protocol != "ps":
+            raise ConfigError("--ps-backup applies to --protocol ps --ps-mode sync only")
         protocol.check_config(self)
         if self.backend == "nccl":
             import torch  # late: reading a config must not cost a torch import

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
 from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
 from hetsync.protocols.ps import _Server
@@ -63,6 +64,29 @@ def test_async_workers_go_at_their_own_pace_with_stale_gradients(train_run):
         losses = [row["loss"] for row in rows]
         assert _mean(losses[-10:]) < 0.6 * _mean(losses[:10])
     assert result.summary["final_accuracy"] > 0.7
+
+
+def test_backup_workers_leave_the_straggler_behind_and_count_its_dropped_gradients(
+        train_run, loss_fell):
+    result = train_run(protocol="ps", ps_mode="sync", ps_backup=1, workers=4, step_time=20.0,
+                       slowdown="deterministic:ranks=3,factor=5", max_time=4,
+                       stop_at_target=False)
+    summary = result.summary
+    assert min(summary["iterations"][:3]) > 2 * summary["iterations"][3]
+    assert summary["dropped_gradients"] > 0
+    assert summary["final_consensus_distance"] < 1e-10  # all end on the server's model
+    assert loss_fell(result)
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"ps_mode": "async", "ps_backup": 1}, "--ps-backup applies to --ps-mode sync"),
+    ({"ps_backup": 4}, "--ps-backup must be < --workers 4"),
+    ({"ps_backup": -1}, "--ps-backup must not be negative"),
+    ({"protocol": "allreduce", "ps_backup": 1}, "--ps-backup applies to --protocol ps"),
+])
+def test_ps_backup_is_checked_before_starting(options, match):
+    with pytest.raises(ConfigError, match=match):
+        RunConfig(**{"protocol": "ps", "workers": 4, "workload": "digits", **options}).validate()
 
 
 @pytest.mark.parametrize("sync", [True, False])

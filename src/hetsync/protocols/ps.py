@@ -30,6 +30,14 @@ hands its message to the server object directly.
 - `--ps-mode sync`: a round collects one gradient from every live worker for the current
   version, applies their mean in one step, and answers all of them with the new model. The
   stop votes are OR-ed over the round, so every worker stops after the same iteration.
+  With `--ps-backup b` (backup workers, Chen et al. 2016, "Revisiting Distributed
+  Synchronous SGD") a round closes at the first n - b gradients computed on its version:
+  their mean is applied and they are answered. A gradient arriving after its round closed
+  is dropped (its row has `dropped` 1 and `staleness` > 0) and its sender is answered at
+  once with the current model, so a straggler holds no one back and catches up each
+  iteration. Its stop vote still counts; from the first round closed after a vote, every
+  reply says stop, so all workers end with the same model, the late ones after fewer
+  iterations. The bookkeeping is `hetsync.cores.ps_round.SyncRounds`.
 - `--ps-mode async`: each gradient is applied as it arrives and only its sender gets the new
   model; staleness = server version at apply time - version the gradient was computed on.
   Each gradient is applied with 1/n of the learning rate, its share of the synchronous mean:
@@ -48,7 +56,9 @@ of the round's batches, as one running statistic over the round would.
 
 Shutdown: in `close()` every remote worker sends BYE; the thread exits after one BYE per
 remote rank, and rank 0's `close()` joins it, so no p2p is in flight at SyncOptimizer's final
-barrier. A worker that leaves is no longer waited for by sync rounds.
+barrier. A worker that leaves is no longer waited for by sync rounds. No worker waits at
+shutdown with backups either: a late push after the stop round is answered at once, with
+stop.
 """
 
 from __future__ import annotations
@@ -60,6 +70,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.config import RunConfig
+from hetsync.cores.ps_round import Reply, SyncRounds
+from hetsync.errors import ConfigError
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.transport.flat import unflatten_into
@@ -97,7 +110,8 @@ class _Server:
     hyper-parameters from it before every step. `buffers` are rank 0's floating buffers."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
-                 sync: bool, world: int, group: dist.ProcessGroup | None = None) -> None:
+                 sync: bool, world: int, group: dist.ProcessGroup | None = None,
+                 backup: int = 0) -> None:
         self.source, self.group = optimizer, group
         groups = _trainable(optimizer)
         self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
@@ -113,13 +127,12 @@ class _Server:
         self.dtype = self.params[0].dtype
         self.size = sum(p.numel() for p in self.params)
         self.buffers = _flat(buffers, self.dtype)
-        self.sync, self.world, self.live, self.version = sync, world, world, 0
+        self.sync, self.world, self.version = sync, world, 0
+        self.rounds = SyncRounds(world, backup)  # sync mode's bookkeeping
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
         self.delta_sum = torch.zeros_like(self.buffers)
-        self.waiting: list[int] = []  # sync: ranks whose gradient is in this round
-        self.vote = False
         self.local_reply: torch.Tensor | None = None
         self.bytes_sent = 0
         self.error: BaseException | None = None
@@ -149,8 +162,7 @@ class _Server:
     def close(self) -> None:
         """Rank 0 leaves; wait for every remote worker's BYE."""
         with self.cond:
-            self.live -= 1
-            sends = self._finish_round()
+            sends = self._leave()
         self._send(sends)
         if self.thread.is_alive():
             self.thread.join()
@@ -164,8 +176,8 @@ class _Server:
                 src = dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
                 with self.cond:
                     if buf[0] == _BYE:
-                        remote, self.live = remote - 1, self.live - 1
-                        sends = self._finish_round()
+                        remote -= 1
+                        sends = self._leave()
                     else:
                         sends = self._accept(buf, src)
                 self._send(sends)
@@ -185,30 +197,30 @@ class _Server:
         version = int(msg[1])
         grad, delta = msg[_HEADER:_HEADER + self.size], msg[_HEADER + self.size:]
         if self.sync:
-            if version != self.version:
-                raise RuntimeError(f"ps: rank {src} pushed for version {version}, "
-                                   f"the round is for {self.version}")
-            self.grad_sum.add_(grad)
-            self.delta_sum.add_(delta)
-            self.waiting.append(src)
-            self.vote = self.vote or bool(msg[2] > 0)
-            return self._finish_round()
+            decision = self.rounds.push(src, version, bool(msg[2] > 0))
+            if decision.accept:
+                self.grad_sum.add_(grad)
+                self.delta_sum.add_(delta)
+            return self._answer(decision.reply)
         staleness = self.version - version
         # 1/n of a step: a gradient's share of the sync mean (and a buffer change's)
         self._apply(grad, delta / self.world, lr_scale=1.0 / self.world)
         return self._deliver([src], staleness, stop=False)
 
-    def _finish_round(self) -> list[tuple[int, torch.Tensor]]:
-        """Sync: apply the means once every live worker has pushed (lock held)."""
-        if not self.sync or not self.waiting or len(self.waiting) < self.live:
+    def _leave(self) -> list[tuple[int, torch.Tensor]]:
+        """A worker left (lock held): sync rounds stop waiting for it."""
+        return self._answer(self.rounds.leave()) if self.sync else []
+
+    def _answer(self, reply: Reply | None) -> list[tuple[int, torch.Tensor]]:
+        """Sync: apply the round's means if it closed, then answer (lock held)."""
+        if reply is None:
             return []
-        self._apply(self.grad_sum.div_(len(self.waiting)),
-                    self.delta_sum.div_(len(self.waiting)))
-        self.grad_sum.zero_()
-        self.delta_sum.zero_()
-        ranks, self.waiting = self.waiting, []
-        stop, self.vote = self.vote, False
-        return self._deliver(ranks, 0, stop)
+        if reply.applied:
+            self._apply(self.grad_sum.div_(reply.applied), self.delta_sum.div_(reply.applied))
+            self.grad_sum.zero_()
+            self.delta_sum.zero_()
+        assert self.version == reply.version
+        return self._deliver(list(reply.ranks), reply.staleness, reply.stop)
 
     def _apply(self, grad: torch.Tensor, delta: torch.Tensor, lr_scale: float = 1.0) -> None:
         groups = self.source.param_groups
@@ -244,12 +256,21 @@ class _Server:
 class ParameterServer(Protocol):
     """Gradients pushed to a server thread on rank 0, which answers with the new model."""
 
+    @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        if config.ps_backup and config.ps_mode != "sync":
+            raise ConfigError("--ps-backup applies to --ps-mode sync (async waits for no one)")
+        if config.ps_backup >= config.workers:
+            raise ConfigError(f"--ps-backup must be < --workers {config.workers} (got "
+                              f"{config.ps_backup}): a round needs at least one gradient")
+
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
         super().__init__(runtime, model, optimizer)
         self.group = runtime.host_group  # the server receives from any source: gloo
         self.sync = runtime.config.ps_mode == "sync"
+        self.backup = runtime.config.ps_backup
         self.params = [p for group in _trainable(optimizer) for p in group]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.version = 0
@@ -258,7 +279,8 @@ class ParameterServer(Protocol):
         size = _HEADER + sum(p.numel() for p in self.params) + self.loaded.numel()
         self.reply = torch.empty(size, dtype=self.dtype)
         self.server = (
-            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group)
+            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
+                    backup=self.backup)
             if runtime.rank == 0 else None
         )
 
@@ -283,6 +305,8 @@ class ParameterServer(Protocol):
         self.loaded = _flat(self.buffers, self.dtype)
         self.version = int(reply[0])
         step.extra["staleness"] = float(reply[1])
+        if self.backup:  # sync: a stale gradient is one its round closed without
+            step.extra["dropped"] = float(reply[1] > 0)
         step.stop = bool(reply[2] > 0) if self.sync else step.wants_stop
         step.skip_optimizer_step = True
         if self.server is not None:  # rank 0's own push is local: count what the server sent
