@@ -246,7 +246,7 @@ class SyncOptimizer(torch.optim.Optimizer):
 
     def _begin_sync(self, step: Step) -> None:
         """Pad the compute to the emulated step time, inject the slowdown, decide stopping."""
-        compute = time.perf_counter() - step.start - step.sync_wait_s  # waits are not compute
+        compute = time.perf_counter() - step.start - step.sync_wait_s - step.network_s
         factor = self._slowdown.factor(self.runtime.rank, step.iteration)
         pad, delay = pacing(compute, self._step_time_s, factor)
         if pad + delay > 0:
@@ -313,6 +313,7 @@ class SyncOptimizer(torch.optim.Optimizer):
                     "compute_s": round(step.compute_s, 6),
                     "injected_delay_s": round(step.injected_delay_s, 6),
                     "sync_wait_s": round(step.sync_wait_s, 6),
+                    "network_s": round(step.network_s, 6),
                     "bytes_sent": step.bytes_sent,
                     **step.extra,
                 }

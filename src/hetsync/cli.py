@@ -61,8 +61,12 @@ _RUN_HELP = {
     "group_buffer_mode": "Prague: queue (recommended) or batch reading of Group Buffer",
     "group_division": "Prague: Group Division, groups form within K divisions",
     "ready_wait": "Prague, --gg-policy ready: ms to wait for a full group",
-    "preduce": "Prague: P-Reduce implementation: mesh, ring, leader or subgroup",
+    "preduce": "Prague: P-Reduce implementation: auto (by the network model), mesh, ring, "
+    "leader or subgroup",
     "workers_per_node": "Prague, --schedule static: node size (node-aware schedule)",
+    "network": "emulated network: none | bandwidth=10Gbit,latency=50us[;ranks=3:bandwidth=1Gbit]",
+    "payload": "charge messages as if the model weighed this: bytes (100MB) or a model name "
+    "(resnet50, vgg16, bert-base, ...); needs --network",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",

@@ -17,6 +17,7 @@ from hetsync.cores.group_generator import POLICIES
 from hetsync.cores.hop import MODES as HOP_MODES
 from hetsync.cores.hop import HopConfig
 from hetsync.errors import ConfigError
+from hetsync.network.spec import parse_network, parse_payload
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
 from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
@@ -96,8 +97,9 @@ class RunConfig:
     """Prague: Group Division, groups form within K divisions of the workers."""
     ready_wait: float = 20.0
     """Prague, ready policy: ms the GG waits for a full group before grouping who waits."""
-    preduce: str = "mesh"
-    """Prague: P-Reduce implementation: mesh, ring, leader or subgroup."""
+    preduce: str = "auto"
+    """Prague: P-Reduce implementation: auto (by the network model; mesh on a free network),
+    mesh, ring, leader or subgroup."""
     workers_per_node: int | None = None
     """Prague, static schedule: node size for the node-aware schedule (None: power-of-two)."""
     seed: int = 0
@@ -114,6 +116,10 @@ class RunConfig:
     hang_timeout: float = 20.0
     """A worker without progress this long is reported as hung."""
     backend: str = "auto"
+    network: str = "none"
+    """Emulated network (see hetsync.network.spec); none: the real one, nothing added."""
+    payload: str = "none"
+    """Declared model size that messages are charged for; none: the real model's."""
     quiet: bool = False
     keep_snapshots: bool = False
     script: list[str] = field(default_factory=list)
@@ -156,6 +162,11 @@ class RunConfig:
         self.slowdown_spec().check_ranks(self.workers)
         if self.ps_backup and self.protocol != "ps":
             raise ConfigError("--ps-backup applies to --protocol ps --ps-mode sync only")
+        network = parse_network(self.network)
+        if network is not None:
+            network.check_ranks(self.workers)
+        if parse_payload(self.payload) is not None and network is None:
+            raise ConfigError("--payload charges messages on an emulated network: give --network")
         protocol.check_config(self)
         if self.backend == "nccl":
             import torch  # late: reading a config must not cost a torch import

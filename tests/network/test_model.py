@@ -4,7 +4,12 @@ import pytest
 
 from hetsync.network.model import Message, NetworkModel
 from hetsync.network.patterns import (
-    fan_out, leader_reduce, mesh_reduce, point_to_point, push_pull, ring_allreduce,
+    fan_out,
+    leader_reduce,
+    mesh_reduce,
+    point_to_point,
+    push_pull,
+    ring_allreduce,
 )
 from hetsync.network.spec import parse_network
 
@@ -74,3 +79,14 @@ def test_per_rank_egress_override_limits_only_that_direction():
 def test_a_message_may_only_wait_for_an_earlier_one():
     with pytest.raises(ValueError, match="earlier"):
         model().send([Message(0, 1, 1.0, after=(1,)), Message(1, 0, 1.0)])
+
+
+def test_a_receiver_books_a_fan_out_copy_as_a_fair_share_of_the_senders_egress():
+    """Hop's updates on a ring: two senders, each sending two copies, into one receiver's
+    ingress: both arrive when the senders' egress is done, 2b/B, as with fair sharing."""
+    net = model()
+    first = net.deliver(Message(1, 0, 10 * MB), at=0.0, copies=2)
+    second = net.deliver(Message(3, 0, 10 * MB), at=0.0, copies=2)
+    assert first == second == pytest.approx(2 * 10 * MB / B + L)
+    third = net.deliver(Message(5, 0, 10 * MB), at=0.0, copies=1)  # behind them at the ingress
+    assert third == pytest.approx(3 * 10 * MB / B + L)

@@ -72,6 +72,17 @@ class NetworkModel:
                     heapq.heappush(ready, (when, nxt))
         return arrival
 
+    def deliver(self, m: Message, at: float, copies: int = 1) -> float:
+        """The arrival of `m`, sent at `at` as one of `copies` equal messages its sender's
+        egress serves together (a fan-out: fair share, all end at copies * b / egress), and
+        taking the receiver's ingress in FIFO order: how a receiver that sees only its own
+        messages (Hop's) books them on its own NIC's clock."""
+        src, dst = self.nics[m.src], self.nics[m.dst]
+        sent = at + copies * m.nbytes / src.egress
+        start = max(at, self.ingress_free[m.dst])
+        self.ingress_free[m.dst] = start + m.nbytes / dst.ingress
+        return max(sent, self.ingress_free[m.dst]) + max(src.latency, dst.latency)
+
     def duration(self, messages: Sequence[Message]) -> float:
         """How long `messages` take on idle NICs: the last arrival, from time 0."""
         fresh = NetworkModel(self.spec, len(self.nics))

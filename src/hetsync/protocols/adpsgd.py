@@ -33,6 +33,7 @@ from torch import nn
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
+from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
@@ -82,7 +83,8 @@ class ADPSGD(Protocol):
         self.lock = threading.Lock()
         self.rng = random.Random(f"adpsgd/{config.seed}/{rank}")
         self._naive = naive
-        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work]] | None = None
+        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float] | None = None
+        """The request in flight: message, reply, its works, when the emulated reply lands."""
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
@@ -113,7 +115,12 @@ class ADPSGD(Protocol):
                  dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)]
         step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
-        self._pending = (message, reply, works)
+        ready_at = 0.0
+        if self.network is not None:
+            nbytes = self.network.scaled((message.numel() - 1) * message.element_size())
+            exchange = push_pull(self.runtime.rank, partner, nbytes)
+            ready_at = self.network.clock() + self.network.duration(exchange)
+        self._pending = (message, reply, works, ready_at)
 
     def before_optimizer_step(self, step: Step) -> None:
         self._started.set()
@@ -122,8 +129,11 @@ class ADPSGD(Protocol):
         step.begin_sync()
         self._raise_server_error()
         if self._pending is not None:
+            ready_at = self._pending[3]
             with step.blocking():
                 self._finish_request()
+            if self.network is not None:
+                self.network.hold_until(step, ready_at)
         if self.passive:
             self.lock.acquire()  # the optimizer step must not interleave with a served average
 
@@ -136,7 +146,7 @@ class ADPSGD(Protocol):
         """Wait for the partner's average and load it: the partner has already applied it,
         so not loading it would break the conservation of the sum of the models."""
         assert self._pending is not None
-        message, reply, works = self._pending
+        message, reply, works, _ = self._pending
         for work in works:
             work.wait()
         self._load(self.drift.apply(reply[:-1], message))
@@ -163,16 +173,22 @@ class ADPSGD(Protocol):
         try:
             buffer = self._message(_BYE)
             remaining = len(self.clients)
+            nbytes = self.network.scaled((buffer.numel() - 1) * buffer.element_size()) if (
+                self.network is not None) else 0.0
             while remaining:
                 source = dist.recv(buffer, src=None, tag=_REQUEST_TAG, group=self.group)
                 if buffer[-1] == _BYE:
                     remaining -= 1
                     continue
                 self._started.wait()
+                if self.network is not None:  # the request's bytes come in, one at a time
+                    self.network.occupy(point_to_point(source, self.runtime.rank, nbytes))
                 with self.lock:
                     average = (self._flat() + buffer[:-1]) / 2
                     self._load(average)
                 reply = flatten([average], _AVERAGE)
+                if self.network is not None:
+                    self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 dist.send(reply, source, tag=_REPLY_TAG, group=self.group)
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self._server_error = error

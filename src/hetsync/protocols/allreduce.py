@@ -10,9 +10,12 @@ at every forward pass, which keeps only rank 0's batches).
 
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
+from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.transport.flat import flatten_with_vote, ring_allreduce_bytes, unflatten_into
@@ -34,7 +37,12 @@ class AllReduce(Protocol):
         flat = flatten_with_vote(grads + buffers, step.wants_stop)
         flat[:-1].div_(world)
         with step.blocking():
+            began = time.perf_counter()
             dist.all_reduce(flat)
+        if self.network is not None:
+            nbytes = self.network.scaled(flat.numel() * flat.element_size())
+            self.network.after_blocking(step, ring_allreduce(range(world), nbytes), "allreduce",
+                                        time.perf_counter() - began)
         with torch.no_grad():
             unflatten_into(flat[:-1], grads + buffers)
         step.stop = bool(flat[-1] > 0)

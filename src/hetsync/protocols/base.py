@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import nn
 
+from hetsync.network.emulator import NetworkEmulator
+
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
     from hetsync.transport.runtime import Runtime
@@ -43,6 +45,8 @@ class Step:
     compute_s: float = 0.0
     injected_delay_s: float = 0.0
     sync_wait_s: float = 0.0
+    network_s: float = 0.0
+    """Time the emulated network added or charged (see hetsync.network.emulator)."""
     bytes_sent: int = 0
     skip_optimizer_step: bool = False
     """Set by protocols whose update is applied elsewhere (the parameter server's)."""
@@ -85,6 +89,8 @@ class Protocol:
         self.runtime = runtime
         self.model = model
         self.optimizer = optimizer
+        self.network = NetworkEmulator.for_run(runtime, model)
+        """The emulated network (`--network`), or None: communication is not delayed."""
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:

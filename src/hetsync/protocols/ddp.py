@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.transport.flat import flatten_with_vote, ring_allreduce_bytes
@@ -69,6 +70,10 @@ class DDP(Protocol):
         def finish(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             reduced = fut.value()[0]
             step.sync_wait_s += time.perf_counter() - began
+            if self.network is not None:
+                nbytes = self.network.scaled(reduced.numel() * reduced.element_size())
+                self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
+                                            f"bucket{bucket.index()}", time.perf_counter() - began)
             self._votes.append(bool(reduced[-1] > 0))
             buffer.copy_(reduced[:-1])
             return buffer

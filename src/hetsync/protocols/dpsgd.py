@@ -23,6 +23,7 @@ from torch import nn
 
 from hetsync.config import RunConfig
 from hetsync.cores.stop_agreement import StopAgreement
+from hetsync.network.model import Message
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
@@ -71,7 +72,10 @@ class DPSGD(Protocol):
     def _post(self, step: Step) -> _Exchange:
         rank, k = self.runtime.rank, step.iteration
         stop_at = self.agreement.stop_at
-        send = flatten(self.tensors, stop_at if math.isfinite(stop_at) else -1.0)
+        header = [stop_at if math.isfinite(stop_at) else -1.0]
+        if self.network is not None:
+            header.append(self.runtime.elapsed())  # when it was posted, for the network model
+        send = flatten(self.tensors, *header)
         received = {j: torch.empty_like(send) for j in self.topology.in_peers(rank, k)}
         ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in self.topology.out_peers(rank, k)]
         ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
@@ -89,16 +93,33 @@ class DPSGD(Protocol):
         with step.blocking():
             for work in works:
                 work.wait()
+        end = len(send) - (1 if self.network is None else 2)  # model, stop vote[, time posted]
+        if self.network is not None:
+            self._charge_network(step, send, received)
         self_weight, weights = self.topology.recv_weights(self.runtime.rank, step.iteration)
-        average = send[:-1] * self_weight
+        average = send[:end] * self_weight
         for j, buf in received.items():
-            average.add_(buf[:-1], alpha=weights[j])
-            if buf[-1] >= 0:
-                self.agreement.merge(float(buf[-1]))
+            average.add_(buf[:end], alpha=weights[j])
+            if buf[end] >= 0:
+                self.agreement.merge(float(buf[end]))
         with torch.no_grad():
             unflatten_into(self.drift.apply(average, send), self.tensors)
         step.stop = self.agreement.should_stop(step.iteration)
         self._exchange = None
+
+    def _charge_network(
+        self, step: Step, send: torch.Tensor, received: dict[int, torch.Tensor]
+    ) -> None:
+        """The exchange is usable once the last of its messages would have arrived: sent to
+        the out-peers and received from the in-peers, from the latest time one was posted."""
+        assert self.network is not None
+        rank = self.runtime.rank
+        nbytes = self.network.scaled((send.numel() - 2) * send.element_size())
+        messages = [Message(rank, j, nbytes) for j in self.topology.out_peers(rank, step.iteration)]
+        messages += [Message(j, rank, nbytes) for j in received]
+        posted = max([float(send[-1])] + [float(buf[-1]) for buf in received.values()])
+        ready_at = self.runtime.t0 + posted + self.network.duration(messages)
+        self.network.hold_until(step, ready_at)
 
     def close(self) -> None:
         """An exchange begun by an iteration that never ran (the script's loop ended without

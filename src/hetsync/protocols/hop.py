@@ -54,6 +54,8 @@ from hetsync.cores.hop import (
     Wait,
 )
 from hetsync.errors import ConfigError
+from hetsync.network.model import Message
+from hetsync.network.patterns import point_to_point
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import build
@@ -113,7 +115,9 @@ class Hop(Protocol):
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
         self._running = False
         self._stopped = False
-        size = sum(t.numel() for t in self.tensors) + 1
+        self._trailer = 1 if self.network is None else 2  # [stamp,] tag or end marker
+        size = sum(t.numel() for t in self.tensors) + self._trailer
+        self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
         self._threads = [
             threading.Thread(target=self._receive, args=(_UPDATE_TAG, len(in_peers), size),
                              name="hop-updates", daemon=True),
@@ -187,7 +191,8 @@ class Hop(Protocol):
                 step.extra.setdefault("started_at", time.time())
                 step.extra["tag"] = decision.iteration
             elif isinstance(decision, SendUpdate):
-                update = flatten(self.tensors, float(decision.tag), device=self.host)
+                update = flatten(self.tensors, *self._stamp(), float(decision.tag),
+                                 device=self.host)
                 self._send(update, decision.to, _UPDATE_TAG, step)
             elif isinstance(decision, Aggregate):
                 self._average(decision.inputs, decision.self_weight, decision.weights)
@@ -223,7 +228,7 @@ class Hop(Protocol):
     ) -> None:
         average = flatten(self.tensors, device=self.host) * self_weight
         for j, tag in inputs.items():
-            average.add_(self.updates[j, tag][:-1], alpha=weights[j])
+            average.add_(self.updates[j, tag][: -self._trailer], alpha=weights[j])
         with torch.no_grad():
             unflatten_into(average, self.tensors)
 
@@ -241,6 +246,8 @@ class Hop(Protocol):
                 buffer = torch.empty(size, dtype=self.tensors[0].dtype)
                 src = dist.recv(buffer, src=None, tag=tag, group=self.group)
                 header = float(buffer[-1])
+                if self.network is not None and header != _END:
+                    self._charge_network(src, tag, buffer)
                 if header == _END:
                     senders -= 1
                     self.inbox.put((NeighbourLeft(rank=src), None))
@@ -251,10 +258,29 @@ class Hop(Protocol):
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self.inbox.put((error, None))
 
+    def _stamp(self) -> tuple[float, ...]:
+        """When an update is sent, on the run's clock: what the network model charges from."""
+        return () if self.network is None else (self.runtime.elapsed(),)
+
+    def _charge_network(self, src: int, tag: int, buffer: torch.Tensor) -> None:
+        """Hold a received message until its emulated arrival: an update shares its sender's
+        egress with the copies to its other out-peers, and this worker's ingress with the
+        updates of its other in-peers."""
+        assert self.network is not None
+        me = self.runtime.rank
+        if tag == _UPDATE_TAG:
+            nbytes = self.network.scaled((buffer.numel() - 2) * buffer.element_size())
+            self.runtime.clock_started.wait()
+            sent = self.runtime.t0 + float(buffer[-2])
+            arrival = self.network.deliver(Message(src, me, nbytes), self._fan_out[src], sent)
+            self.network.hold_until(None, arrival)
+        else:
+            self.network.occupy(point_to_point(src, me, buffer.numel() * buffer.element_size()))
+
     def close(self) -> None:
         """End this worker's channels, then wait until every neighbour has ended its own."""
         self._wait_sends()
-        end = flatten(self.tensors, _END, device=self.host)
+        end = flatten(self.tensors, *self._stamp(), _END, device=self.host)
         for j in self.core.out_peers:
             dist.send(end, j, tag=_UPDATE_TAG, group=self.group)
         for j in self.core.in_peers:

@@ -64,6 +64,7 @@ from hetsync.cores.static_schedule import (
     validate_period,
 )
 from hetsync.errors import ConfigError
+from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.transport.flat import flatten, model_tensors, unflatten_into
@@ -120,7 +121,7 @@ class Prague(Protocol):
         self.tensors = model_tensors(model)
         self._host_group = runtime.host_group  # the GG's messages: any source, so gloo
         self.preducer = make_preducer(config.preduce, rank, runtime.world_size,
-                                      store=runtime.store)
+                                      store=runtime.store, network=self.network)
         self.static = config.schedule == "static"
         self.period = static_schedule(runtime.world_size, config.workers_per_node)
         self.stopping = StaticStop(len(self.period) * runtime.world_size, config.max_iterations)
@@ -197,6 +198,10 @@ class Prague(Protocol):
             while True:
                 message = torch.empty(3 + self.runtime.world_size)
                 dist.recv(message, 0, tag=_FROM_GG, group=self._host_group)
+                if self.network is not None:  # an answer is charged with its request
+                    sent = push_pull(self.rank, 0, 12, message.numel() * 4) if message[1] else (
+                        point_to_point(0, self.rank, message.numel() * 4))
+                    self.network.occupy(sent)
                 if message[0] < 0:
                     return
                 size = int(message[2])
@@ -234,6 +239,10 @@ class Prague(Protocol):
             began = time.perf_counter()
             self.preducer.average(flat, members)
             _add_time(step, "preduce_s", began)
+        if self.network is not None:
+            nbytes = self.network.scaled(flat.numel() * flat.element_size())
+            self.network.after_blocking(step, self.preducer.messages(members, nbytes),
+                                        f"preduce{len(members)}", time.perf_counter() - began)
         with torch.no_grad():
             unflatten_into(flat, self.tensors)
         step.bytes_sent += flat.numel() * flat.element_size() * (len(members) - 1)

@@ -73,6 +73,8 @@ from torch import nn
 from hetsync.config import RunConfig
 from hetsync.cores.ps_round import Reply, SyncRounds
 from hetsync.errors import ConfigError
+from hetsync.network.emulator import NetworkEmulator
+from hetsync.network.patterns import point_to_point
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.transport.flat import unflatten_into
@@ -111,8 +113,8 @@ class _Server:
 
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
                  sync: bool, world: int, group: dist.ProcessGroup | None = None,
-                 backup: int = 0) -> None:
-        self.source, self.group = optimizer, group
+                 backup: int = 0, network: NetworkEmulator | None = None) -> None:
+        self.source, self.group, self.network = optimizer, group, network
         groups = _trainable(optimizer)
         self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
                        for p in group]
@@ -174,6 +176,8 @@ class _Server:
         try:
             while remote > 0:
                 src = dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
+                if self.network is not None and buf[0] != _BYE:  # pushes queue at rank 0's NIC
+                    self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
                 with self.cond:
                     if buf[0] == _BYE:
                         remote -= 1
@@ -243,9 +247,16 @@ class _Server:
             self.cond.notify_all()
         return [(rank, reply) for rank in ranks if rank != 0]
 
+    def _model_bytes(self, message: torch.Tensor) -> float:
+        """A push's or reply's size as declared (`--payload`): all but its header."""
+        assert self.network is not None
+        return self.network.scaled((message.numel() - _HEADER) * message.element_size())
+
     def _send(self, sends: list[tuple[int, torch.Tensor]]) -> None:
         with self.send_lock:
             for rank, reply in sends:
+                if self.network is not None:  # replies leave rank 0's NIC one after another
+                    self.network.occupy(point_to_point(0, rank, self._model_bytes(reply)))
                 dist.send(reply, rank, tag=PULL_TAG, group=self.group)
         if sends:
             with self.cond:
@@ -280,7 +291,7 @@ class ParameterServer(Protocol):
         self.reply = torch.empty(size, dtype=self.dtype)
         self.server = (
             _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
-                    backup=self.backup)
+                    backup=self.backup, network=self.network)
             if runtime.rank == 0 else None
         )
 

@@ -1,13 +1,20 @@
 """P-Reduce, Prague's partial all-reduce: each member of a group of ranks gets the average of
 the members' flat buffers; non-members take no part, and disjoint groups run at the same time.
 
-Four implementations, chosen by name (`make_preducer`); bench/preduce_options.py measures them:
+Four implementations, chosen by name (`make_preducer`); bench/preduce_options.py measures them.
+Each also says which messages it sends (`messages`), so that an emulated network
+(hetsync.network) charges it as it really sends:
 
 - ``mesh``: every member sends its buffer to every other member, then sums (one round).
 - ``ring``: reduce-scatter then all-gather around the members (2(k-1) rounds of n/k values).
 - ``leader``: the members send to the first member, which sends the sum back (two rounds).
 - ``subgroup``: a gloo process group of the members only, cached like the prototype's
   communicators, and gloo's C++ all-reduce on it.
+
+- ``auto`` (the default): on an emulated network, for each group size, the one of ``mesh``,
+  ``ring`` and ``leader`` whose messages the cost model says finish first (at paper-scale
+  payloads ``ring``: 2(k-1)/k of the buffer out per member against mesh's k-1); on a free
+  network ``mesh``. Every member computes the same choice from the same spec and sizes.
 
 Measured with 8 workers on 2 cores: ``mesh`` is fastest for 2 members and ties with ``leader``
 for 3-4; ``leader`` wins at 8 (mesh's k(k-1) transfers and k-fold sums); a cached ``subgroup``
@@ -42,10 +49,13 @@ import torch
 import torch.distributed as dist
 
 from hetsync.errors import ConfigError
+from hetsync.network.emulator import NetworkEmulator
+from hetsync.network.model import Message
+from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce
 
 __all__ = ["KINDS", "PReducer", "make_preducer"]
 
-KINDS = ("mesh", "ring", "leader", "subgroup")
+KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 Group = tuple[int, ...]
 _TAG_BASE = 1 << 20  # above the fixed tags of the other protocols
 _CREATED: Counter[Group] = Counter()  # subgroups made per member set, over all PReducers
@@ -75,6 +85,10 @@ class PReducer:
     def close(self) -> None:
         """Free the process groups this P-Reducer holds (nothing for the p2p kinds)."""
 
+    def messages(self, group: Group, nbytes: float) -> list[Message]:
+        """What averaging a buffer of `nbytes` over `group` sends, for the network model."""
+        return ring_allreduce(group, nbytes)
+
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
         raise NotImplementedError
 
@@ -90,6 +104,9 @@ def _run(ops: list[dist.P2POp]) -> None:
 
 class _Mesh(PReducer):
     """One round, (k-1) buffers out and in per member: the fewest scheduler wake-ups."""
+
+    def messages(self, group: Group, nbytes: float) -> list[Message]:
+        return mesh_reduce(group, nbytes)
 
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
         parts, tag = flat.new_empty((len(group), flat.numel())), _tag(group)
@@ -126,6 +143,9 @@ class _Ring(PReducer):
 class _Leader(PReducer):
     """Two rounds; the leader (first member) moves 2(k-1) buffers."""
 
+    def messages(self, group: Group, nbytes: float) -> list[Message]:
+        return leader_reduce(group, nbytes)
+
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
         tag = _tag(group)
         if self.rank != group[0]:
@@ -138,6 +158,35 @@ class _Leader(PReducer):
         for part in parts:
             flat.add_(part)
         _run([dist.P2POp(dist.isend, flat, peer, tag=tag) for peer in group[1:]])
+
+
+class _Auto(PReducer):
+    """Per group size, the p2p kind the network model says is fastest (see the module doc)."""
+
+    def __init__(self, rank: int, world: int, network: NetworkEmulator | None) -> None:
+        super().__init__(rank, world)
+        self._network = network
+        self._kinds = {"mesh": _Mesh(rank, world), "ring": _Ring(rank, world),
+                       "leader": _Leader(rank, world)}
+        self._chosen: dict[tuple[int, int], PReducer] = {}
+
+    def choose(self, k: int, nbytes: int) -> PReducer:
+        if self._network is None:
+            return self._kinds["mesh"]
+        key = (k, nbytes)
+        if key not in self._chosen:
+            network, members = self._network, tuple(range(k))
+            self._chosen[key] = min(self._kinds.values(), key=lambda kind: network.duration(
+                kind.messages(members, network.scaled(nbytes))))
+        return self._chosen[key]
+
+    def messages(self, group: Group, nbytes: float) -> list[Message]:
+        assert self._network is not None
+        real = int(nbytes / self._network.scale)
+        return self.choose(len(group), real).messages(group, nbytes)
+
+    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+        self.choose(len(group), flat.numel() * flat.element_size())._sum(flat, group)
 
 
 class _Subgroup(PReducer):
@@ -187,13 +236,16 @@ def make_preducer(
     store: dist.Store | None = None,
     timeout: datetime.timedelta = datetime.timedelta(seconds=60),
     cache_size: int = 60,
+    network: NetworkEmulator | None = None,
 ) -> PReducer:
     """The P-Reducer called `kind` (one of `KINDS`) for this rank.
 
     ``subgroup`` needs `store`, shared by all ranks (e.g. `Runtime.store`) for the groups'
     rendezvous; `timeout` bounds its waits and `cache_size` caps its cached groups (the
     prototype used 60; each costs ~6 sockets and 3 threads). The p2p kinds use the default
-    process group and its timeout."""
+    process group and its timeout. ``auto`` chooses by `network`'s cost model."""
+    if kind == "auto":
+        return _Auto(rank, world, network)
     if kind == "subgroup":
         if store is None:
             raise ConfigError("P-Reduce 'subgroup' needs a store shared by all ranks")

@@ -59,6 +59,8 @@ class Runtime:
     """Where messages in host memory go: the default group on gloo (None); under NCCL a gloo
     group of all ranks, for what NCCL cannot do (receive from any source: ps, adpsgd, hop,
     Prague's Group Generator). Buffers sent there are staged through host memory."""
+    clock_started: threading.Event = dataclasses.field(default_factory=threading.Event)
+    """Set once `t0` is the run's (receiver threads may get a message before that)."""
 
     @property
     def host(self) -> torch.device:
@@ -75,6 +77,7 @@ class Runtime:
         if self.rank == 0:
             self.store.set("t0", repr(time.time()))
         self.t0 = float(self.store.get("t0").decode())
+        self.clock_started.set()
 
     def log_path(self) -> Path | None:
         return self.run_dir / "logs" / f"rank{self.rank}.log" if self.run_dir else None

@@ -1,0 +1,113 @@
+"""A worker's communication, delayed in a real run to what the network cost model says.
+
+The protocols still move their buffers for real (loopback, shared memory); the emulator only
+adds time, so that the run behaves as on the links of `--network` and with messages the size
+of `--payload`. Three ways to charge, by who waits for the bytes:
+
+- `after_blocking(step, messages, key, real_s)`: a collective the worker took part in (an
+  all-reduce, a P-Reduce). Its members leave the real operation together, once the last one
+  arrived, so each sleeps the modelled time minus the real transfer time. That real time is
+  estimated as the shortest this operation (`key`) has taken so far: the waits for late
+  members are in the rest.
+- `hold_until(step, ready_at)`: an operation posted earlier and overlapped with compute
+  (D-PSGD's exchange, AD-PSGD's request): its result is not used before the time it was
+  posted plus its modelled time, `posted + duration(messages)`, on the machine's clock
+  (`time.time()`, the same in every worker), so that a message a late peer posted is charged
+  from when that peer posted it (it carries the time).
+- `occupy(messages)`: a thread that serves requests one at a time (the parameter server,
+  an AD-PSGD passive worker) sleeps the time of each transfer it takes part in, so that
+  requests arriving together queue at its NIC as they would at the real one.
+- `deliver(message, copies)` then `hold_until`: a receiver (Hop's) books each message as it
+  comes on its NIC's clock, kept for the run, and holds it until its modelled arrival, so
+  that messages that overlap in time share its ingress.
+
+Each operation is charged on idle NICs (`NetworkModel.duration`): contention between separate
+operations shows only where a serving thread queues them, which is where the papers place it
+(the parameter server's hot link, AD-PSGD's busy partners). Messages that carry the model are
+scaled by `--payload` / the model's real size; control messages (tokens, Group Generator
+requests) are charged their real size.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from hetsync.network.model import Message, NetworkModel
+from hetsync.network.spec import NetworkSpec, parse_network, parse_payload
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from hetsync.protocols.base import Step
+    from hetsync.transport.runtime import Runtime
+
+__all__ = ["NetworkEmulator", "model_bytes"]
+
+
+def model_bytes(model: nn.Module) -> int:
+    """What the model's shared state weighs: parameters and floating buffers."""
+    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class NetworkEmulator:
+    """Charges one worker's communication by the cost model; see the module doc."""
+
+    def __init__(
+        self, spec: NetworkSpec, world: int, clock: Callable[[], float], scale: float = 1.0
+    ) -> None:
+        self.model = NetworkModel(spec, world)
+        self.clock = clock
+        """Seconds on a clock every worker of the machine shares and that never jumps (not
+        `Runtime.elapsed`, whose origin is set when the workers are ready: a receiver thread
+        may book a message before that)."""
+        self.scale = scale
+        self._floor: dict[str, float] = {}
+
+    @classmethod
+    def for_run(cls, runtime: Runtime, model: nn.Module) -> NetworkEmulator | None:
+        """The emulator the run's config asks for, or None on a free network."""
+        spec = parse_network(runtime.config.network)
+        if spec is None:
+            return None
+        payload = parse_payload(runtime.config.payload)
+        scale = payload / max(model_bytes(model), 1) if payload is not None else 1.0
+        return cls(spec, runtime.world_size, time.time, scale)
+
+    def scaled(self, nbytes: float) -> float:
+        """The declared size of a message that carries `nbytes` of the real model."""
+        return nbytes * self.scale
+
+    def duration(self, messages: Sequence[Message]) -> float:
+        return self.model.duration(messages)
+
+    def after_blocking(
+        self, step: Step | None, messages: Sequence[Message], key: str, real_s: float
+    ) -> None:
+        floor = min(self._floor.get(key, real_s), real_s)
+        self._floor[key] = floor
+        modelled = self.duration(messages)
+        time.sleep(max(0.0, modelled - floor))
+        if step is not None:
+            step.network_s += max(modelled, floor)
+
+    def hold_until(self, step: Step | None, ready_at: float) -> None:
+        """Sleep until `ready_at` on the run's clock; the time slept is the network's."""
+        wait = ready_at - self.clock()
+        if wait > 0:
+            time.sleep(wait)
+            if step is not None:
+                step.network_s += wait
+
+    def deliver(self, message: Message, copies: int, sent: float) -> float:
+        """Book `message`, sent at `sent` (on `clock`), on this worker's own NIC clock (which
+        carries over, so messages that overlap in time share its ingress); its arrival."""
+        return self.model.deliver(message, sent, copies)
+
+    def occupy(self, messages: Sequence[Message]) -> float:
+        """Sleep the messages' modelled time (in a serving thread); returns it."""
+        modelled = self.duration(messages)
+        time.sleep(modelled)
+        return modelled
