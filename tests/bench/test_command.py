@@ -10,7 +10,7 @@ from hetsync.cli import main
 
 pytestmark = pytest.mark.integration
 
-SMOKE = ["bench", "--suite", "smoke", "--workload", "svm", "--max-time", "5"]
+SMOKE = ["bench", "--suite", "smoke", "--workload", "svm", "--max-time", "3"]
 
 
 @pytest.fixture(scope="module")

@@ -51,15 +51,15 @@ def test_dpsgd_stops_together_under_random_slowdown(train_run):
     assert result.summary["stop_reason"] == "max_time"
 
 
-def test_adpsgd_thousands_of_averages_with_random_delays_no_deadlock(train_run):
-    result = train_run(protocol="adpsgd", workers=8, max_iterations=520, step_time=2.0,
+def test_adpsgd_a_thousand_averages_with_random_delays_no_deadlock(train_run):
+    result = train_run(protocol="adpsgd", workers=8, max_iterations=260, step_time=2.0,
                        slowdown="random:p=0.1,factor=4", stop_at_target=False)
     averages = sum(
         1 for r in range(1, 8, 2)
         for row in read_jsonl(result.run_dir / "workers" / f"rank{r}.jsonl") if "partner" in row
     )
-    assert averages >= 2000
-    assert result.summary["iterations"] == [520] * 8
+    assert averages >= 1000
+    assert result.summary["iterations"] == [260] * 8
 
 
 def test_naive_adpsgd_deadlocks_and_is_caught(tmp_path):

@@ -76,15 +76,15 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=VARIANTS)
 def test_eight_workers_with_random_delays_keep_hops_invariants(variant, train_run):
-    options = {"workers": 8, "max_time": 5, "step_time": 4.0, "stop_at_target": False,
+    options = {"workers": 8, "max_time": 4, "step_time": 4.0, "stop_at_target": False,
                "eval_every": 60, "slowdown": "random:p=0.2,factor=5", **VARIANTS[variant],
                "label": variant}
     result = train_run(protocol="hop", **options)
     config = RunConfig.read(result.run_dir / "config.json")
     check_invariants_from_logs(result.run_dir, config)
-    assert min(result.summary["iterations"]) >= 30
-    first = [r["loss"] for r in _rows(result.run_dir, 0)[:20]]
-    last = [r["loss"] for r in _rows(result.run_dir, 0)[-20:]]
+    assert min(result.summary["iterations"]) >= 25
+    first = [r["loss"] for r in _rows(result.run_dir, 0)[:15]]
+    last = [r["loss"] for r in _rows(result.run_dir, 0)[-15:]]
     assert sum(last) < 0.7 * sum(first)
 
 
