@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from hetsync.bench.progress import SuiteProgress
-from hetsync.bench.suites import Setting, Suite, Variant, get_suite
+from hetsync.bench.suites import Setting, Suite, Variant, eval_every, get_suite
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.launch.launcher import run as launch
@@ -92,7 +92,7 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "step_time": options.step_time,
                     "slowdown": setting.slowdown,
                     "max_time": options.max_time or suite.max_time,
-                    "eval_every": suite.eval_every,
+                    "eval_every": eval_every(options.workload),
                     "target_loss": options.target_loss or suite.target_loss.get(options.workload),
                     "seed": options.seed + repeat,
                     "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",

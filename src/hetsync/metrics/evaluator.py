@@ -34,9 +34,10 @@ __all__ = ["Evaluator", "Measure", "WorkloadMeasure", "average_states", "consens
 
 WORKER_EVAL_PERIOD = 5
 
-#: The share of one core the evaluator may use while workers run: after an evaluation that
-#: took d seconds it waits d * (1 / CPU_SHARE - 1) before the next one. On the 2-core machine
-#: the suites run on, more would take CPU from the workers it measures.
+#: The share of one core the evaluator may use while workers run: an evaluation that used c
+#: seconds of CPU is followed by the next one c / CPU_SHARE seconds after it started, at the
+#: earliest. On the 2-core machine the suites run on, more would take CPU from the workers it
+#: measures.
 CPU_SHARE = 0.5
 
 
@@ -137,7 +138,7 @@ class Evaluator:
                 for index in complete[:-1]:
                     self._discard(index)
             return 0
-        started = time.monotonic()
+        started, cpu = time.monotonic(), time.thread_time()
         chosen = complete if every_set else complete[-1:]
         for index in chosen:
             skipped = [n for n in complete if (self._last_index or "") < n < index]
@@ -146,7 +147,7 @@ class Evaluator:
             self._last_index = index
         for index in complete:
             self._discard(index)
-        self._next_due = time.monotonic() + (time.monotonic() - started) * (1 / CPU_SHARE - 1)
+        self._next_due = started + (time.thread_time() - cpu) / CPU_SHARE
         return len(chosen)
 
     def _crossed_at(self, loss: float | None) -> bool:
