@@ -303,6 +303,8 @@ class SyncOptimizer(torch.optim.Optimizer):
 
     def _record(self, step: Step, loss: torch.Tensor | float | None) -> None:
         elapsed = self.runtime.elapsed()
+        if self.protocol.network is not None:
+            step.network_s += self.protocol.network.take_background()
         if self._log is not None:
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
             self._log.append(

@@ -42,7 +42,7 @@ def test_results_json_has_every_figure_per_protocol_and_setting(suite_dir):
 def test_results_md_has_tables_and_plots(suite_dir):
     text = (suite_dir / "results.md").read_text()
     assert text.count("| protocol | time to target (s) | speed-up vs allreduce |") == 2
-    assert "--suite smoke --workload svm --max-time 5" in text
+    assert "--suite smoke --workload svm --max-time 3" in text
     images = [line.split("](")[1].rstrip(")") for line in text.splitlines()
               if line.startswith("![")]
     assert "plots/speedup_vs_allreduce.png" in images
@@ -59,7 +59,7 @@ def test_a_second_start_in_the_same_folder_is_refused(suite_dir, capsys):
 
 def test_resume_with_other_options_is_refused(suite_dir, capsys):
     assert main([*SMOKE, "--max-time", "6", "--out", str(suite_dir), "--resume"]) == 2
-    assert "was run with different options (max_time=5.0)" in capsys.readouterr().err
+    assert "was run with different options (max_time=3.0)" in capsys.readouterr().err
 
 
 def test_resume_redoes_only_the_unfinished_run(suite_dir, capsys):

@@ -30,6 +30,7 @@ requests) are charged their real size.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -65,6 +66,8 @@ class NetworkEmulator:
         may book a message before that)."""
         self.scale = scale
         self._floor: dict[str, float] = {}
+        self._background_s = 0.0  # charged by serving and receiving threads
+        self._lock = threading.Lock()
 
     @classmethod
     def for_run(cls, runtime: Runtime, model: nn.Module) -> NetworkEmulator | None:
@@ -89,17 +92,22 @@ class NetworkEmulator:
         floor = min(self._floor.get(key, real_s), real_s)
         self._floor[key] = floor
         modelled = self.duration(messages)
-        time.sleep(max(0.0, modelled - floor))
-        if step is not None:
-            step.network_s += max(modelled, floor)
+        self._wait(step, modelled - floor, modelled)
 
-    def hold_until(self, step: Step | None, ready_at: float) -> None:
-        """Sleep until `ready_at` on the run's clock; the time slept is the network's."""
-        wait = ready_at - self.clock()
-        if wait > 0:
-            time.sleep(wait)
-            if step is not None:
-                step.network_s += wait
+    def hold_until(self, step: Step | None, ready_at: float, modelled: float = 0.0) -> None:
+        """Sleep until `ready_at` on `clock`; `modelled` is the transfer time charged."""
+        self._wait(step, ready_at - self.clock(), modelled)
+
+    def _wait(self, step: Step | None, seconds: float, modelled: float) -> None:
+        """On the training thread, the wait is time blocked in synchronisation and the
+        transfer's modelled time is the iteration's `network_s` (overlapped or not)."""
+        if step is None:
+            time.sleep(max(0.0, seconds))
+            self._add_background(modelled)
+            return
+        with step.blocking():
+            time.sleep(max(0.0, seconds))
+        step.network_s += modelled
 
     def deliver(self, message: Message, copies: int, sent: float) -> float:
         """Book `message`, sent at `sent` (on `clock`), on this worker's own NIC clock (which
@@ -110,4 +118,16 @@ class NetworkEmulator:
         """Sleep the messages' modelled time (in a serving thread); returns it."""
         modelled = self.duration(messages)
         time.sleep(modelled)
+        self._add_background(modelled)
         return modelled
+
+    def take_background(self) -> float:
+        """Network time charged off the training thread since the last call (for the row of
+        the iteration that ends now)."""
+        with self._lock:
+            taken, self._background_s = self._background_s, 0.0
+        return taken
+
+    def _add_background(self, seconds: float) -> None:
+        with self._lock:
+            self._background_s += seconds

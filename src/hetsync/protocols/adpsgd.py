@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import torch
 import torch.distributed as dist
@@ -83,8 +84,10 @@ class ADPSGD(Protocol):
         self.lock = threading.Lock()
         self.rng = random.Random(f"adpsgd/{config.seed}/{rank}")
         self._naive = naive
-        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float] | None = None
-        """The request in flight: message, reply, its works, when the emulated reply lands."""
+        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float, float] | None = (
+            None)
+        """The request in flight: message, reply, its works, when it was posted (time.time())
+        and its modelled transfer time."""
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
@@ -115,12 +118,11 @@ class ADPSGD(Protocol):
                  dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)]
         step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
-        ready_at = 0.0
+        modelled = 0.0
         if self.network is not None:
             nbytes = self.network.scaled((message.numel() - 1) * message.element_size())
-            exchange = push_pull(self.runtime.rank, partner, nbytes)
-            ready_at = self.network.clock() + self.network.duration(exchange)
-        self._pending = (message, reply, works, ready_at)
+            modelled = self.network.duration(push_pull(self.runtime.rank, partner, nbytes))
+        self._pending = (message, reply, works, time.time(), modelled)
 
     def before_optimizer_step(self, step: Step) -> None:
         self._started.set()
@@ -129,11 +131,11 @@ class ADPSGD(Protocol):
         step.begin_sync()
         self._raise_server_error()
         if self._pending is not None:
-            ready_at = self._pending[3]
+            posted, modelled = self._pending[3:]
             with step.blocking():
                 self._finish_request()
             if self.network is not None:
-                self.network.hold_until(step, ready_at)
+                self.network.hold_until(step, posted + modelled, modelled)
         if self.passive:
             self.lock.acquire()  # the optimizer step must not interleave with a served average
 
@@ -146,7 +148,7 @@ class ADPSGD(Protocol):
         """Wait for the partner's average and load it: the partner has already applied it,
         so not loading it would break the conservation of the sum of the models."""
         assert self._pending is not None
-        message, reply, works, _ = self._pending
+        message, reply, works, *_ = self._pending
         for work in works:
             work.wait()
         self._load(self.drift.apply(reply[:-1], message))

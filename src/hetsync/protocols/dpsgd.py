@@ -118,8 +118,8 @@ class DPSGD(Protocol):
         messages = [Message(rank, j, nbytes) for j in self.topology.out_peers(rank, step.iteration)]
         messages += [Message(j, rank, nbytes) for j in received]
         posted = max([float(send[-1])] + [float(buf[-1]) for buf in received.values()])
-        ready_at = self.runtime.t0 + posted + self.network.duration(messages)
-        self.network.hold_until(step, ready_at)
+        modelled = self.network.duration(messages)
+        self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
 
     def close(self) -> None:
         """An exchange begun by an iteration that never ran (the script's loop ended without

@@ -273,7 +273,7 @@ class Hop(Protocol):
             self.runtime.clock_started.wait()
             sent = self.runtime.t0 + float(buffer[-2])
             arrival = self.network.deliver(Message(src, me, nbytes), self._fan_out[src], sent)
-            self.network.hold_until(None, arrival)
+            self.network.hold_until(None, arrival, arrival - sent)
         else:
             self.network.occupy(point_to_point(src, me, buffer.numel() * buffer.element_size()))
 
