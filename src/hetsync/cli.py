@@ -193,6 +193,10 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     bench.add_argument("--target-loss", type=float, help="target loss (default: the suite's "
                        "for the workload, else the workload's)")
     bench.add_argument("--seed", type=int, help=f"first seed (default: {defaults.seed})")
+    bench.add_argument("--network", help="emulated network for every run, as in `train` "
+                       "(default: each setting's, most have none)")
+    bench.add_argument("--payload", help="declared model size for every run, as in `train` "
+                       "(default: each setting's)")
     bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
                        "--out without redoing its finished runs")
     bench.add_argument("--list", action="store_true", help="list the suites and exit")

@@ -6,7 +6,10 @@ from pathlib import Path
 from typing import Any
 
 from hetsync.bench.plots import plot_speedups
+from hetsync.bench.regime_map import plot_regime_map, regime_cells
+from hetsync.bench.results import speedup
 from hetsync.bench.runner import PlannedRun
+from hetsync.bench.suites import PAPER_RATIOS
 from hetsync.report import write_report
 from hetsync.report.plots import slug
 from hetsync.report.table import MISSING, percent, sig
@@ -95,6 +98,51 @@ def _run_figures(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> 
     return lines
 
 
+def regime_lines(results: dict[str, Any], out: Path) -> list[str]:
+    """The regime map (figure and tables) of a regime suite; nothing for other suites."""
+    path = plot_regime_map(results, out / "plots")
+    if path is None:
+        return []
+    lines = ["## Regime map\n", "Per cell the winner (first to the target, else the highest "
+             "throughput) and its speed-up over allreduce (\"thr.\": in throughput).\n",
+             f"![regime map](plots/{path.name})\n"]
+    for (het, workers), cells in regime_cells(results).items():
+        payloads = list(dict.fromkeys(c["payload"] for c in cells))
+        lines.append(f"**{het}, {workers}**\n")
+        rows = ["| network \\ payload | " + " | ".join(payloads) + " |",
+                "| --- |" + " --- |" * len(payloads)]
+        for network in dict.fromkeys(c["network"] for c in cells):
+            by_payload = {c["payload"]: c for c in cells if c["network"] == network}
+            rows.append(f"| {network} | " + " | ".join(
+                f"{by_payload[p]['winner']} {by_payload[p]['text']}" if p in by_payload
+                else MISSING for p in payloads) + " |")
+        lines.append("\n".join(rows) + "\n")
+    return lines
+
+
+def paper_lines(results: dict[str, Any]) -> list[str]:
+    """The Prague paper's four headline ratios beside the measured ones (suite `paper`)."""
+    if results["suite"] != "paper":
+        return []
+    settings = {s["name"]: {r["label"]: r for r in s["results"]} for s in results["settings"]}
+    rows = ["| setting | Prague over | paper | prague (default) | prague-paper |",
+            "| --- | --- | --- | --- | --- |"]
+    for setting, baseline, paper in PAPER_RATIOS:
+        by_label = settings.get(setting, {})
+        base = by_label.get(baseline)
+        cells = []
+        for label in ("prague", "prague-paper"):
+            row = by_label.get(label)
+            ratio = speedup(base, row) if base and row else None
+            throughput = (row["samples_per_s"] / base["samples_per_s"]) if (
+                base and row and base["samples_per_s"] and row["samples_per_s"]) else None
+            cells.append(f"{format_speedup(ratio)} (throughput {_ratio(throughput)})")
+        rows.append(f"| {setting} | {baseline} | {paper:.1f}x | " + " | ".join(cells) + " |")
+    return ["## The paper's ratios\n", "Time-to-target speed-ups (throughput ratios in "
+            "brackets) against the Prague paper's headline figures; the setting is "
+            "reconstructed, see the suite's description.\n", "\n".join(rows) + "\n"]
+
+
 def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
                    command: str) -> Path:
     """Write out/results.md (and its plots under out/plots/); return its path."""
@@ -115,13 +163,19 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
         "## Headline\n",
         "\n".join(headline_lines(results)) + "\n",
     ]
+    sections += regime_lines(results, out)
+    sections += paper_lines(results)
     bars = plot_speedups(results, out / "plots")
     if bars is not None:
         sections.append(f"![speed-up over allreduce](plots/{bars.name})\n")
     for setting in results["settings"]:
+        network = setting.get("network", "none")
+        emulated = (f" Emulated network `{network}`, messages charged as a "
+                    f"`{setting.get('payload', 'none')}` model (times from the declared size, "
+                    "loss from the workload's real model)." if network != "none" else "")
         sections += [
             f"## {setting['name']}\n",
-            f"{setting['workers']} workers, slowdown `{setting['slowdown']}`.\n",
+            f"{setting['workers']} workers, slowdown `{setting['slowdown']}`.{emulated}\n",
             setting_table(setting),
             *_run_figures(setting, runs, out),
         ]

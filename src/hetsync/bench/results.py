@@ -91,6 +91,9 @@ def collect_setting(setting: Setting, suite: Suite, runs: list[PlannedRun],
     return {
         "name": setting.name,
         "slowdown": setting.slowdown,
+        "network": first.network if first else setting.network,
+        "payload": first.payload if first else setting.payload,
+        "regime": list(setting.regime),
         "workers": first.workers if first else setting.workers,
         "results": rows,
     }

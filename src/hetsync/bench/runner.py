@@ -41,6 +41,10 @@ class BenchOptions:
     """None: the suite's target for the workload, else the workload's own."""
     repeats: int = 1
     seed: int = 0
+    network: str | None = None
+    """An emulated network for every run; None: each setting's (most have none)."""
+    payload: str | None = None
+    """A declared model size for every run; None: each setting's."""
 
     def check(self) -> BenchOptions:
         get_suite(self.suite)
@@ -89,8 +93,10 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                 config = RunConfig(**{
                     "workload": options.workload,
                     "workers": setting.workers or options.workers,
-                    "step_time": options.step_time,
+                    "step_time": setting.step_time or options.step_time,
                     "slowdown": setting.slowdown,
+                    "network": options.network or setting.network,
+                    "payload": options.payload or setting.payload,
                     "max_time": options.max_time or suite.max_time,
                     "eval_every": eval_every(options.workload),
                     "target_loss": options.target_loss or suite.target_loss.get(options.workload),

@@ -41,6 +41,14 @@ class Setting:
     """None: the bench's --workers."""
     variants: tuple[Variant, ...] | None = None
     """None: the suite's variants."""
+    network: str = "none"
+    """The emulated network (`--network`); none: the real one (loopback)."""
+    payload: str = "none"
+    """The declared model size messages are charged for (`--payload`)."""
+    step_time: float | None = None
+    """Emulated compute per iteration (ms); None: the bench's --step-time."""
+    regime: tuple[str, ...] = ()
+    """Regime suites: (payload, network, heterogeneity, workers), the cell of the regime map."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,10 @@ EVERY_PROTOCOL = (
     Variant.of("prague-random", **PRAGUE_RANDOM),
     Variant.of("prague-buffer", **PRAGUE_RANDOM, group_buffer=True),
     Variant.of("prague-division2", **PRAGUE_RANDOM, group_division=2),
+    # The Prague paper's Group Generator: random groups, with Group Buffer as the docs read it.
+    Variant.of("prague-paper", **PRAGUE_RANDOM, group_buffer=True),
+    # Synchronous SGD that waits for the fastest n-1 workers (Chen et al. 2016).
+    Variant.of("ps-backup1", protocol="ps", ps_mode="sync", ps_backup=1),
 )
 _BY_LABEL = {variant.label: variant for variant in EVERY_PROTOCOL}
 
@@ -132,11 +144,59 @@ _FULL = [
     Suite("scaling", "every protocol, homogeneous, on 4, 8 and 16 workers",
           tuple(Setting(f"{n} workers", workers=n) for n in (4, 8, 16)), EVERY_PROTOCOL),
 ]
-_PAPER = Suite(
-    "paper", "homogeneous, deterministic, random and scaling together",
+_EVERYTHING = Suite(
+    "everything", "homogeneous, deterministic, random and scaling together",
     tuple(s for suite in _FULL for s in suite.settings), EVERY_PROTOCOL,
 )
-SUITES = {suite.name: suite for suite in [HEADLINE, SMOKE, *_FULL, _PAPER]}
+
+#: The regime suites' networks: every worker on 10 Gbit/s, or one of them behind 1 Gbit/s.
+NETWORKS = {"10Gbit": "bandwidth=10Gbit,latency=50us",
+            "10Gbit, rank 5 at 1Gbit": "bandwidth=10Gbit,latency=50us;ranks=5:bandwidth=1Gbit"}
+HETEROGENEITY = {"homogeneous": "none", "one 5x slow": ONE_5X_SLOW,
+                 "random x4": "random:p=0.1,factor=4"}
+#: Every family's best variant, the paper's Prague beside the default, the new baseline.
+REGIME_VARIANTS = _pick("allreduce", "ps-backup1", "adpsgd", "hop-skip", "prague",
+                        "prague-paper")
+
+
+def _regimes(payloads: tuple[str, ...], networks: tuple[str, ...], heterogeneity: tuple[str, ...],
+             workers: tuple[int, ...]) -> tuple[Setting, ...]:
+    return tuple(
+        Setting(f"{payload} · {net} · {het} · {n}w", HETEROGENEITY[het], workers=n,
+                network=NETWORKS[net], payload=payload, regime=(payload, net, het, f"{n}w"))
+        for n in workers for het in heterogeneity for net in networks for payload in payloads)
+
+
+REGIMES = Suite(
+    "regimes", "payload x network x heterogeneity x 8 and 16 workers: which protocol suits "
+    "which cluster",
+    _regimes(("none", "10MB", "100MB", "500MB"), tuple(NETWORKS), tuple(HETEROGENEITY), (8, 16)),
+    REGIME_VARIANTS, target_loss={"cnn": 0.5, "svm": 0.15}, max_time=60.0,
+)
+REGIMES_SMALL = Suite(
+    "regimes-small", "a free and a paper-scale payload on 10 Gbit/s, homogeneous and one 5x "
+    "slow, 8 workers (about 10 minutes)",
+    _regimes(("none", "100MB"), ("10Gbit",), ("homogeneous", "one 5x slow"), (8,)),
+    REGIME_VARIANTS, target_loss={"cnn": 0.5, "svm": 0.15}, max_time=15.0,
+)
+#: The Prague paper's cluster as far as ../shared/research/papers.md knows it (16 GPUs, 4 per
+#: node, NCCL; the rest assumed): ResNet-50's 102 MB over 10 Gbit/s per worker, a 100 ms
+#: compute step (a P100's ResNet-50 step at batch 32), one worker 5x slow when heterogeneous.
+PAPER = Suite(
+    "paper", "the Prague paper's setting, reconstructed: 16 workers, ResNet-50 payload over "
+    "10 Gbit/s, 100 ms steps; its four headline ratios beside the measured ones",
+    tuple(Setting(f"paper · {het}", HETEROGENEITY[het], workers=16, network=NETWORKS["10Gbit"],
+                  payload="resnet50", step_time=100.0)
+          for het in ("homogeneous", "one 5x slow")),
+    _pick("allreduce", "ps-sync", "adpsgd", "prague", "prague-paper"),
+    target_loss={"cnn": 0.5, "svm": 0.15}, max_time=40.0,
+)
+#: The paper's headline ratios for Prague (ASPLOS'20 abstract): setting, baseline, ratio.
+PAPER_RATIOS = (("paper · homogeneous", "allreduce", 1.2), ("paper · one 5x slow", "allreduce",
+                4.4), ("paper · homogeneous", "adpsgd", 3.7), ("paper · homogeneous", "ps-sync",
+                5.3))
+SUITES = {suite.name: suite for suite in
+          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
