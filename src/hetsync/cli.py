@@ -10,7 +10,9 @@ import argparse
 import dataclasses
 import functools
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -67,6 +69,7 @@ _RUN_HELP = {
     "network": "emulated network: none | bandwidth=10Gbit,latency=50us[;ranks=3:bandwidth=1Gbit]",
     "payload": "charge messages as if the model weighed this: bytes (100MB) or a model name "
     "(resnet50, vgg16, bert-base, ...); needs --network",
+    "overwrite": "replace the run already in --out (without it, such an --out is refused)",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",
@@ -254,8 +257,16 @@ def _under_torchrun() -> bool:
     )
 
 
+def _terminated(signum: int, frame: object) -> None:
+    """SIGTERM (a scheduler, `timeout`) ends a run as Ctrl-C does: workers stopped, summary
+    written."""
+    raise KeyboardInterrupt
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         if args.command == "protocols":
             from hetsync.protocols import available_protocols
@@ -302,7 +313,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hetsync: run failed: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("hetsync: interrupted; all workers stopped", file=sys.stderr)
+        print("hetsync: interrupted; all workers stopped (the run's summary.json says what "
+              "was measured)", file=sys.stderr)
         if args.command == "bench":
             print("hetsync: finished runs are kept: add --resume to the same command to go on",
                   file=sys.stderr)

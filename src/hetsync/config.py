@@ -120,6 +120,8 @@ class RunConfig:
     """Emulated network (see hetsync.network.spec); none: the real one, nothing added."""
     payload: str = "none"
     """Declared model size that messages are charged for; none: the real model's."""
+    overwrite: bool = False
+    """Replace a run already in --out (otherwise refused)."""
     quiet: bool = False
     keep_snapshots: bool = False
     script: list[str] = field(default_factory=list)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -10,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from hetsync.config import RunConfig
-from hetsync.errors import WorkerFailed
-from hetsync.launch.launcher import run
+from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.launch.launcher import RunLock, run
 from hetsync.metrics.summary import read_jsonl
 
 pytestmark = pytest.mark.integration
@@ -99,11 +102,14 @@ def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, monkeypat
     with pytest.raises(WorkerFailed) as failure:
         run(RunConfig(workload="digits", workers=3, max_iterations=500, out=out, quiet=True,
                       stop_at_target=False))
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < 60
     assert expected in str(failure.value)
     if "raise" in fault:
         assert "injected fault (HETSYNC_FAULT)" in str(failure.value)
     assert _processes_of(out) == []
+    summary = json.loads((out / "summary.json").read_text())  # what it measured, and why it ended
+    assert summary["stop_reason"].startswith(f"failed: {expected} at iteration ")
+    assert len(summary["iterations"]) == 3  # as far as the workers' flushed logs go
 
 
 def test_a_hung_worker_is_named_with_its_stack(monkeypatch, tmp_path):
@@ -170,4 +176,41 @@ def test_output_of_a_worker_that_failed_before_init(tmp_path, capsys):
     assert "[rank 1] warning from rank 1 line 99\n" in captured.err
     assert "[rank 1] RuntimeError: rank 1 could not start\n" in captured.err
     assert "warning" not in captured.out and "hello" not in captured.err
+    assert _processes_of(out) == []
+
+
+def test_an_out_holding_a_run_is_refused_unless_overwrite(tmp_path):
+    out = tmp_path / "run"
+    (out / "workers").mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    with pytest.raises(ConfigError, match="already holds a run: pass --overwrite"):
+        run(RunConfig(workload="digits", workers=1, max_iterations=2, out=out, quiet=True))
+    assert (out / "summary.json").read_text() == "{}"
+    result = run(RunConfig(workload="digits", workers=1, max_iterations=2, out=out, quiet=True,
+                           overwrite=True))
+    assert result.summary["iterations"] == [2]
+
+
+def test_a_run_in_progress_locks_its_out(tmp_path):
+    out = tmp_path / "run"
+    with RunLock(out), pytest.raises(ConfigError, match=r"in use by a run in progress \(pid "):
+        run(RunConfig(workload="digits", workers=1, max_iterations=2, out=out, quiet=True))
+
+
+def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path):
+    out = tmp_path / "run"
+    command = [str(Path(sys.executable).parent / "hetsync"), "train", "--workload", "digits",
+               "--workers", "2", "--max-time", "60", "--step-time", "20", "--out", str(out),
+               "--quiet"]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not list(out.glob("workers/rank1.jsonl")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"] == "interrupted" and min(summary["iterations"]) > 0
     assert _processes_of(out) == []

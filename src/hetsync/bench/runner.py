@@ -104,6 +104,7 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",
                     "label": variant.label,
                     "quiet": quiet,
+                    "overwrite": True,  # the suite folder is the bench's: --resume redoes runs
                     **variant.options,
                 })
                 try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import fcntl
 import os
 import shutil
 import signal
@@ -20,7 +21,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 import torch.distributed as dist
@@ -28,6 +29,7 @@ from tqdm import tqdm
 
 from hetsync.api import STOP_KEY
 from hetsync.config import RunConfig
+from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
@@ -48,9 +50,21 @@ class RunResult:
 
 
 def run(config: RunConfig) -> RunResult:
-    """Run `config` to its end; raise ConfigError before starting, WorkerFailed on failure."""
+    """Run `config` to its end; raise ConfigError before starting, WorkerFailed on failure.
+    However it ends (a failure, Ctrl-C, SIGTERM), the run directory gets a summary.json of
+    what was measured, with the reason it stopped."""
     config = config.validate().resolved()
-    run_dir = _prepare_run_dir(config)
+    run_dir = Path(config.out) if config.out else default_out(config)
+    with RunLock(run_dir):
+        _prepare_run_dir(config, run_dir)
+        try:
+            return _run(config, run_dir)
+        except BaseException as error:
+            _summarize_failure(run_dir, config, error)
+            raise
+
+
+def _run(config: RunConfig, run_dir: Path) -> RunResult:
     torch.set_num_threads(1)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -85,14 +99,65 @@ def run(config: RunConfig) -> RunResult:
     return RunResult(run_dir, summary)
 
 
+def _summarize_failure(run_dir: Path, config: RunConfig, error: BaseException) -> None:
+    """What a failed or interrupted run measured, so that `hetsync report` can show it. A
+    summary that cannot be written (a full disk) must not hide the failure itself."""
+    if isinstance(error, KeyboardInterrupt):
+        reason = "interrupted"
+    elif isinstance(error, WorkerFailed):
+        reason = f"failed: worker rank {error.rank} {error.reason}"
+    else:
+        first = str(error).splitlines()[0] if str(error) else ""
+        reason = f"failed: {type(error).__name__}: {first}"
+    try:
+        write_summary(run_dir, summarize(run_dir, config, reason))
+    except Exception as failure:  # noqa: BLE001 - reported, the original error goes on
+        print(f"hetsync: could not write {run_dir / 'summary.json'}: {failure}", file=sys.stderr)
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the length of a run (`.lock`, flock): a
+    second run into the same --out is refused instead of deleting the first one's files."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> RunLock:
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.run_dir / ".lock", "a+")  # noqa: SIM115 - held until exit
+        except OSError as error:
+            raise ConfigError(f"--out {self.run_dir} cannot be written: {error.strerror}") from None
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._file.seek(0)
+            holder = self._file.read().strip() or "another process"
+            self._file.close()
+            raise ConfigError(f"--out {self.run_dir} is in use by a run in progress ({holder}); "
+                              "choose another --out") from None
+        self._file.seek(0)
+        self._file.truncate()
+        self._file.write(f"pid {os.getpid()}\n")
+        self._file.flush()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._file is not None
+        self._file.close()  # releases the lock
+
+
 def default_out(config: RunConfig) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return Path("runs") / f"{config.label or config.protocol}-{stamp}"
 
 
-def _prepare_run_dir(config: RunConfig) -> Path:
-    run_dir = Path(config.out) if config.out else default_out(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
+def _prepare_run_dir(config: RunConfig, run_dir: Path) -> None:
+    """Empty the run's files out of `run_dir`, refusing one that holds a run unless told to."""
+    if not config.overwrite and any((run_dir / name).exists() for name in _RUN_FILES):
+        raise ConfigError(f"--out {run_dir} already holds a run: pass --overwrite to replace "
+                          "it, or choose another --out")
     for name in _RUN_FILES:
         path = run_dir / name
         if path.is_dir():
@@ -102,7 +167,6 @@ def _prepare_run_dir(config: RunConfig) -> Path:
     (run_dir / "logs").mkdir()
     config.out = run_dir
     (run_dir / "config.json").write_text(config.to_json() + "\n")
-    return run_dir
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

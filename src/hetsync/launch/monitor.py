@@ -161,15 +161,19 @@ class Monitor:
             when = log.stat().st_mtime if text else 0.0  # killed: no log, surely first
             candidates.append((secondary, when, rank, code, text))
         _, _, rank, code, text = min(candidates)
+        self._read_beats()
+        at = f" at iteration {self.progress().iterations[rank] + 1}" if rank in self._beats else (
+            " before it started training")
         if code is not None and code < 0:
             name = signal.Signals(-code).name
             stack_file = self.log_dir / f"rank{rank}.stack"
             stack = stack_file.read_text() if stack_file.is_file() else ""
             if stack:
-                return WorkerFailed(rank, f"was killed by signal {name}", f"its stack:\n{stack}")
-            return WorkerFailed(rank, f"was killed by signal {name} (no traceback)")
+                return WorkerFailed(rank, f"was killed by signal {name}{at}",
+                                    f"its stack:\n{stack}")
+            return WorkerFailed(rank, f"was killed by signal {name}{at} (no traceback)")
         details = f"its traceback:\n{text}" if text else self._last_output(rank)
-        return WorkerFailed(rank, f"failed with exit code {code}", details)
+        return WorkerFailed(rank, f"failed with exit code {code}{at}", details)
 
     def _last_output(self, rank: int) -> str:
         if self.output is not None:

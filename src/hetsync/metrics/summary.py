@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,8 @@ def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict
         "workload": config.workload if not config.script else Path(config.script[0]).name,
         "workers": config.workers,
         "slowdown": config.slowdown,
+        "network": config.network,
+        "payload": config.payload,
         "step_time_ms": config.step_time,
         "batch_size": config.batch_size,
         "lr": config.lr,
@@ -112,6 +115,9 @@ def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:
 
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write summary.json atomically: a reader (report, bench --resume) never sees half."""
     path = run_dir / "summary.json"
-    path.write_text(json.dumps(summary, indent=2) + "\n")
+    partial = path.with_name(".summary.json.partial")
+    partial.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(partial, path)
     return path

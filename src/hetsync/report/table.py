@@ -61,6 +61,9 @@ _COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("workload", lambda s: setting(s.get("workload"))),
     ("workers", lambda s: setting(s.get("workers"))),
     ("slowdown", lambda s: setting(s.get("slowdown"))),
+    ("network (emulated)", lambda s: setting(s.get("network", "none"))
+     + ("" if s.get("payload", "none") == "none" else f", payload {s['payload']}")),
+    ("stopped by", lambda s: setting(s.get("stop_reason"))),
     ("wall time (s)", lambda s: seconds(s.get("wall_time_s"))),
     ("samples/s", lambda s: sig(s.get("samples_per_s"))),
     ("time to target (s)", lambda s: time_to_target(s.get("time_to_target_s"))),
