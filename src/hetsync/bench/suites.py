@@ -175,7 +175,7 @@ REGIMES = Suite(
 )
 REGIMES_SMALL = Suite(
     "regimes-small", "a free and a paper-scale payload on 10 Gbit/s, homogeneous and one 5x "
-    "slow, 8 workers (about 10 minutes)",
+    "slow, 8 workers (about 12 minutes on 2 cores)",
     _regimes(("none", "100MB"), ("10Gbit",), ("homogeneous", "one 5x slow"), (8,)),
     REGIME_VARIANTS, target_loss={"cnn": 0.5, "svm": 0.15}, max_time=15.0,
 )
