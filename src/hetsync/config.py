@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -152,6 +153,14 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
+        for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
+                     "target_loss", "ready_wait"):
+            value = getattr(self, name)
+            if value is not None and not math.isfinite(value):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number "
+                                  f"(got {value})")
+        if self.momentum is not None and not 0 <= self.momentum < 1:
+            raise ConfigError(f"--momentum must be in [0, 1) (got {self.momentum})")
         if self.max_time == 0:
             raise ConfigError("--max-time must be > 0 seconds")
         if self.eval_every == 0 or self.hang_timeout == 0:
@@ -205,12 +214,20 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> RunConfig:
-        """Build from a dict (TOML or JSON), rejecting unknown keys by name."""
-        names = {f.name for f in dataclasses.fields(cls)}
+        """Build from a dict (TOML or JSON), rejecting unknown keys and wrong types by name."""
+        fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
         values = {key.replace("-", "_"): value for key, value in values.items()}
-        unknown = sorted(set(values) - names)
+        unknown = sorted(set(values) - set(fields))
         if unknown:
             raise ConfigError(f"{source}: unknown option {unknown[0]!r}")
+        for key, value in values.items():
+            declared = fields[key]
+            if value is None and declared.endswith("| None"):
+                continue
+            expected = declared.removesuffix(" | None")
+            if not _has_type(value, expected):
+                raise ConfigError(f"{source}: {key} must be {_TYPE_NAMES[expected]} "
+                                  f"(got {value!r})")
         for key in ("out", "data_dir"):
             if values.get(key) is not None:
                 values[key] = Path(values[key])
@@ -221,12 +238,33 @@ class RunConfig:
         return cls.from_dict(json.loads(Path(path).read_text()), source=str(path))
 
 
+_TYPE_NAMES = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+               "Path": "a path (a string)", "list[str]": "a list of strings"}
+
+
+def _has_type(value: object, declared: str) -> bool:
+    """Whether a TOML or JSON value fits a RunConfig field declared as `declared`."""
+    if declared == "bool":
+        return isinstance(value, bool)
+    if declared == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if declared == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if declared in ("str", "Path"):
+        return isinstance(value, (str, Path))
+    if declared == "list[str]":
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return True
+
+
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a `--config FILE.toml`; errors name the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"--config file {path} not found")
     try:
-        return tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config file {path} is not a text file (not UTF-8)") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config file {path} is not valid TOML: {error}") from None

@@ -137,8 +137,16 @@ def _parse_trace(path_text: str, text: str) -> SlowdownSpec:
     path = Path(path_text)
     if not path_text or not path.is_file():
         raise ConfigError(f"bad --slowdown {text!r}: trace file {path_text!r} not found")
+    try:
+        return _read_trace(path, text)
+    except UnicodeDecodeError:
+        raise ConfigError(f"bad --slowdown {text!r}: trace file {path} is not a text file "
+                          "(not UTF-8)") from None
+
+
+def _read_trace(path: Path, text: str) -> SlowdownSpec:
     trace: dict[tuple[int, int], float] = {}
-    with path.open(newline="") as f:
+    with path.open(newline="", encoding="utf-8") as f:
         for line_no, row in enumerate(csv.reader(f), start=1):
             if not row or row[0].strip().startswith("#") or (line_no == 1 and row[0] == "rank"):
                 continue

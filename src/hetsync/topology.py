@@ -219,9 +219,11 @@ def from_edges_file(path: str | Path, world: int, weights: str = "uniform") -> T
     _check_world(world)
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TopologyError(f"cannot read edges file {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError:
+        raise TopologyError(f"edges file {path} is not a text file (not UTF-8)") from None
     rows: list[tuple[int, int, float | None]] = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = [f for f in re.split(r"[,\s]+", line.split("#", 1)[0]) if f]

@@ -54,6 +54,7 @@ def run(config: RunConfig) -> RunResult:
     However it ends (a failure, Ctrl-C, SIGTERM), the run directory gets a summary.json of
     what was measured, with the reason it stopped."""
     config = config.validate().resolved()
+    check_capacity(config.workers)
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
         _prepare_run_dir(config, run_dir)
@@ -62,6 +63,25 @@ def run(config: RunConfig) -> RunResult:
         except BaseException as error:
             _summarize_failure(run_dir, config, error)
             raise
+
+
+#: Resident memory of one worker process (torch imported, a small model trained), measured
+#: 150-250 MB here; the estimate errs on the side of starting.
+WORKER_MEMORY_BYTES = 200 * 2**20
+
+
+def check_capacity(workers: int, meminfo: Path = Path("/proc/meminfo")) -> None:
+    """Refuse a worker count whose processes this machine's free memory cannot hold."""
+    try:
+        fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines())
+        available = int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return  # not Linux: nothing to check against
+    fit = available // WORKER_MEMORY_BYTES
+    if workers > fit:
+        raise ConfigError(f"--workers {workers}: this machine has {available / 2**30:.1f} GiB of "
+                          f"memory available, enough for about {fit} workers "
+                          f"({WORKER_MEMORY_BYTES >> 20} MB each)")
 
 
 def _run(config: RunConfig, run_dir: Path) -> RunResult:

@@ -102,6 +102,9 @@ class Prague(Protocol):
             per_node = config.workers_per_node
             if per_node is not None and per_node < 1:
                 raise ConfigError(f"--workers-per-node must be >= 1 (got {per_node})")
+            if per_node is not None and config.workers % per_node:
+                raise ConfigError(f"--workers-per-node {per_node} does not divide --workers "
+                                  f"{config.workers} into whole nodes")
             validate_period(config.workers, static_schedule(config.workers, per_node))
             return
         if config.group_buffer and config.gg_policy != "random":

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hetsync.config import RunConfig, load_toml
+from hetsync.errors import ConfigError
 
 __all__ = ["Runtime", "current_runtime", "init"]
 
@@ -193,7 +194,12 @@ def _agree_on_run_dir(store: dist.Store, rank: int, config: RunConfig) -> Path:
 
 
 def _read_config(defaults: dict[str, object], run_dir: Path | None) -> RunConfig:
+    from hetsync.protocols import get_protocol
+
     config = RunConfig.from_dict(dict(defaults), source="hetsync.init()")
+    get_protocol(config.protocol)  # a wrong name fails here, in one line, not at prepare()
+    if config.workers < 1:
+        raise ConfigError(f"hetsync.init(): workers must be >= 1 (got {config.workers})")
     if run_dir is not None and (run_dir / "config.json").is_file():
         return RunConfig.read(run_dir / "config.json")
     if ENV_CONFIG in os.environ:

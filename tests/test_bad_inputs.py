@@ -1,0 +1,72 @@
+"""Bad input gets one line that names the problem, before any process starts (issue 14's
+table of inputs; each row here is one of them)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hetsync.config import RunConfig, load_toml
+from hetsync.errors import ConfigError
+from hetsync.launch.launcher import check_capacity
+from hetsync.transport.runtime import _read_config
+
+BINARY = bytes(range(128, 256)) * 4
+
+
+def _refused(config: RunConfig, match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as error:
+        config.validate()
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"lr": math.nan}, "--lr must be a finite number"),
+    ({"target_loss": math.nan}, "--target-loss must be a finite number"),
+    ({"step_time": math.inf}, "--step-time must be a finite number"),
+    ({"momentum": 5.0}, r"--momentum must be in \[0, 1\)"),
+    ({"protocol": "prague", "schedule": "static", "workers_per_node": 3, "workers": 4},
+     "--workers-per-node 3 does not divide --workers 4"),
+])
+def test_meaningless_numbers_are_refused(options, match):
+    _refused(RunConfig(workload="svm", **options), match)
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("workers", "four", "workers must be an integer"),
+    ("lr", "fast", "lr must be a number"),
+    ("skip", 1, "skip must be true or false"),
+    ("script", "train.py", "script must be a list of strings"),
+])
+def test_a_config_value_of_the_wrong_type_is_named(key, value, match):
+    with pytest.raises(ConfigError, match=f"run.toml: {match}"):
+        RunConfig.from_dict({key: value}, source="run.toml")
+
+
+def test_binary_files_are_refused_in_one_line(tmp_path):
+    binary = tmp_path / "binary"
+    binary.write_bytes(BINARY)
+    with pytest.raises(ConfigError, match="is not a text file"):
+        load_toml(binary)
+    _refused(RunConfig(workload="svm", protocol="dpsgd", topology=f"edges:{binary}"),
+             "is not a text file")
+    _refused(RunConfig(workload="svm", slowdown=f"trace:{binary}"), "is not a text file")
+
+
+def test_more_workers_than_memory_holds_says_what_fits(tmp_path):
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal: 25165824 kB\nMemAvailable: 20971520 kB\n")  # 20 GiB
+    check_capacity(100, meminfo)
+    with pytest.raises(ConfigError, match=r"--workers 1000: .* 20.0 GiB .* about 102 workers"):
+        check_capacity(1000, meminfo)
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"protocol": "nosuch"}, "unknown protocol 'nosuch'"),
+    ({"workers": -1}, r"workers must be >= 1 \(got -1\)"),
+    ({"bogus_option": 3}, "unknown option 'bogus_option'"),
+])
+def test_init_with_a_bad_option_is_one_line(options, match):
+    with pytest.raises(ConfigError, match=match):
+        _read_config(options, None)
