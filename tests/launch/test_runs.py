@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,3 +216,34 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and min(summary["iterations"]) > 0
     assert _processes_of(out) == []
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_a_stopped_worker_is_named_not_a_peer_waiting_for_it(rank, tmp_path):
+    """kill -STOP: the stopped worker cannot answer for its stack, and its peers, blocked in
+    synchronisation, look alike; the kernel's process state tells them apart."""
+    out = tmp_path / "run"
+    config = RunConfig(protocol="hop", workload="digits", workers=3, max_time=60, out=out,
+                       quiet=True, hang_timeout=3.0, stop_at_target=False, step_time=10.0)
+    stopper = threading.Thread(target=_stop_when_training, args=(out, rank), daemon=True)
+    stopper.start()
+    with pytest.raises(WorkerFailed) as failure:
+        run(config)
+    assert str(failure.value).startswith(f"worker rank {rank} was stopped")
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"].startswith(f"failed: worker rank {rank} was stopped")
+    assert _processes_of(out) == []
+
+
+def _stop_when_training(out: Path, rank: int) -> None:
+    log = out / "workers" / f"rank{rank}.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (log.is_file() and log.stat().st_size > 0):
+        time.sleep(0.1)
+    for pid in _processes_of(out):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ:
+            os.kill(pid, signal.SIGSTOP)

@@ -121,7 +121,13 @@ class Monitor:
         if not stalled:
             return
         progress = self.progress()
+        stopped = [r for r in live if _process_state(self.procs[r].pid) in ("T", "t")]
         computing = [r for r in stalled if progress.phases[r] != "sync"]
+        if stopped:  # a stopped process cannot answer for its stack: the kernel says it
+            rank = stopped[0]
+            raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) at iteration "
+                               f"{progress.iterations[rank] + 1}; the others waited for it "
+                               f"{self.hang_timeout:g} s")
         if computing:
             rank = computing[0]
             what = f"hung: no progress for {self.hang_timeout:g} s while computing"
@@ -184,6 +190,15 @@ class Monitor:
             return "(no traceback was written)"
         tail = "\n".join(lines[-OUTPUT_TAIL_LINES:])
         return f"no traceback was written; its last output (logs/rank{rank}.out):\n{tail}"
+
+
+def _process_state(pid: int) -> str:
+    """The kernel's state letter for `pid` (R running, S sleeping, T stopped, ...), or "?"."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "?"
+    return stat.rsplit(")", 1)[-1].split()[0]  # after the command name, which may hold spaces
 
 
 def terminate(procs: list[subprocess.Popen[bytes]], grace: float = 3.0) -> None:
