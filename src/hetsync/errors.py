@@ -23,3 +23,12 @@ class WorkerFailed(HetsyncError, RuntimeError):
         text = f"worker rank {rank} {reason}"
         super().__init__(f"{text}\n{details}".rstrip())
 
+
+
+#: What a worker's error says when a peer failed first: follow-on errors, not causes.
+FOLLOW_ON_MARKERS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def is_follow_on(text: str) -> bool:
+    """Whether an error text is a peer's failure echoing (see `FOLLOW_ON_MARKERS`)."""
+    return any(marker in text for marker in FOLLOW_ON_MARKERS)

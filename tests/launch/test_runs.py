@@ -97,7 +97,8 @@ def test_slowdown_is_injected_and_logged(train_run):
         ("2:10:raise", "worker rank 2 failed with exit code 1"),
     ],
 )
-def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, monkeypatch, tmp_path):
+def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, monkeypatch, tmp_path,
+                                                      capsys):
     monkeypatch.setenv("HETSYNC_FAULT", fault)
     out = tmp_path / "run"
     started = time.monotonic()
@@ -109,6 +110,9 @@ def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, monkeypat
     if "raise" in fault:
         assert "injected fault (HETSYNC_FAULT)" in str(failure.value)
     assert _processes_of(out) == []
+    shown = capsys.readouterr().err  # the peers' follow-on errors go to their logs only
+    peers = [r for r in range(3) if f"rank {r} " not in expected]
+    assert not any(f"[rank {r}]" in shown for r in peers), shown
     summary = json.loads((out / "summary.json").read_text())  # what it measured, and why it ended
     assert summary["stop_reason"].startswith(f"failed: {expected} at iteration ")
     assert len(summary["iterations"]) == 3  # as far as the workers' flushed logs go

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hetsync.errors import WorkerFailed
+from hetsync.errors import WorkerFailed, is_follow_on
 from hetsync.launch.output import OutputRelay
 
 __all__ = ["Monitor", "Progress"]
@@ -29,7 +29,6 @@ __all__ = ["Monitor", "Progress"]
 #: Once one worker has sent a heartbeat, the others get this long from the launch (import
 #: torch, load data, join the group) before their missing heartbeat counts as a hang.
 STARTUP_ALLOWANCE_S = 90.0
-_SECONDARY = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 #: Lines of a worker's output shown when it failed without writing a traceback.
 OUTPUT_TAIL_LINES = 30
 
@@ -59,6 +58,8 @@ class Monitor:
         """True once every worker exited cleanly; raise WorkerFailed on a failure or hang."""
         codes = [self._exit_code(rank) for rank in range(len(self.procs))]
         if any(c not in (None, 0) for c in codes):
+            if self.output is not None:
+                self.output.mute(keep={r for r, c in enumerate(codes) if c not in (None, 0)})
             time.sleep(0.5)  # let the failure's echo reach the other workers' exit codes
             raise self._failure([self._exit_code(r) for r in range(len(self.procs))])
         if all(c == 0 for c in codes):
@@ -120,6 +121,8 @@ class Monitor:
                 stalled.append(rank)
         if not stalled:
             return
+        if self.output is not None:
+            self.output.mute()
         progress = self.progress()
         stopped = [r for r in live if _process_state(self.procs[r].pid) in ("T", "t")]
         computing = [r for r in stalled if progress.phases[r] != "sync"]
@@ -163,7 +166,7 @@ class Monitor:
                 continue
             log = self.log_dir / f"rank{rank}.log"
             text = log.read_text() if log.is_file() else ""
-            secondary = any(marker in text for marker in _SECONDARY)
+            secondary = is_follow_on(text)
             when = log.stat().st_mtime if text else 0.0  # killed: no log, surely first
             candidates.append((secondary, when, rank, code, text))
         _, _, rank, code, text = min(candidates)

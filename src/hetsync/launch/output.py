@@ -32,6 +32,7 @@ class _Stream:
 
     def __init__(self, rank: int, to_stderr: bool, copy: IO[bytes]) -> None:
         self.rank, self.to_stderr, self.copy = rank, to_stderr, copy
+        self.muted = False
         self.partial = b""
 
     def feed(self, chunk: bytes) -> None:
@@ -52,6 +53,8 @@ class _Stream:
 
     def _show(self, line: bytes) -> None:
         self.copy.write(line + b"\n")
+        if self.muted:
+            return
         shown = line.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1]  # as a tty would
         try:
             tqdm.write(f"[rank {self.rank}] {shown}",
@@ -68,11 +71,13 @@ class OutputRelay:
         self._open = [2] * len(procs)  # pipes not at end of file, per rank
         self._closed = threading.Condition()
         self._copies = [open(log_dir / f"rank{r}.out", "wb") for r in range(len(procs))]
+        self._streams: list[_Stream] = []
         for rank, proc in enumerate(procs):
             for pipe, to_stderr in ((proc.stdout, False), (proc.stderr, True)):
                 if pipe is None:
                     raise ValueError(f"worker rank {rank} was not spawned with pipes")
                 stream = _Stream(rank, to_stderr, self._copies[rank])
+                self._streams.append(stream)
                 self._selector.register(pipe, selectors.EVENT_READ, stream)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="hetsync-output", daemon=True)
@@ -84,6 +89,13 @@ class OutputRelay:
         self._thread.join(timeout)
         self._stop.set()
         self._thread.join()
+
+    def mute(self, keep: set[int] | frozenset[int] = frozenset()) -> None:
+        """From now on, copy the output of every rank but `keep` to logs/rank{r}.out only:
+        once a run has failed, the peers' follow-on errors (connection closed by a dead peer)
+        would bury the one line that names the failure; the failed ranks' own lines stay."""
+        for stream in self._streams:
+            stream.muted = stream.rank not in keep
 
     def wait_for(self, rank: int, timeout: float = 2.0) -> None:
         """Wait until rank's pipes are drained (it exited), so logs/rank{r}.out is complete."""

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hetsync.config import RunConfig, load_toml
-from hetsync.errors import ConfigError
+from hetsync.errors import ConfigError, is_follow_on
 
 __all__ = ["Runtime", "current_runtime", "init"]
 
@@ -231,8 +231,10 @@ def _install_failure_reporting(runtime: Runtime) -> None:
     faulthandler.enable(file=stack_file, all_threads=True)  # SIGSEGV, SIGABRT, ...
 
     def write_traceback(kind: type[BaseException], value: BaseException, tb: object) -> None:
-        log.write_text("".join(traceback.format_exception(kind, value, tb)))  # type: ignore[arg-type]
-        sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
+        text = "".join(traceback.format_exception(kind, value, tb))  # type: ignore[arg-type]
+        log.write_text(text)
+        if not (runtime.launched and is_follow_on(text)):  # the launcher names the cause
+            sys.__excepthook__(kind, value, tb)  # type: ignore[arg-type]
 
     sys.excepthook = write_traceback
     threading.excepthook = lambda args: write_traceback(
