@@ -70,3 +70,14 @@ def test_more_workers_than_memory_holds_says_what_fits(tmp_path):
 def test_init_with_a_bad_option_is_one_line(options, match):
     with pytest.raises(ConfigError, match=match):
         _read_config(options, None)
+
+
+def test_report_of_a_truncated_summary_is_one_line(tmp_path):
+    from hetsync.report.runs import load_run
+
+    (tmp_path / "summary.json").write_text('{"protocol": "allreduce"')
+    with pytest.raises(ConfigError, match="cannot be read .truncated or not JSON"):
+        load_run(tmp_path)
+    (tmp_path / "summary.json").write_bytes(BINARY)
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_run(tmp_path)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hetsync.errors import ConfigError
 from hetsync.metrics.summary import read_jsonl
 
 _RANK_FILE = re.compile(r"rank(\d+)\.jsonl")
@@ -45,16 +46,24 @@ def _read_workers(folder: Path) -> dict[int, list[dict[str, Any]]]:
 
 
 def load_run(path: str | Path) -> Run:
-    """Load the run directory at `path`; raise FileNotFoundError if it is not one."""
+    """Load the run directory at `path`; raise FileNotFoundError if it is not one, ConfigError
+    if its summary.json cannot be read."""
     path = Path(path)
     summary_file = path / "summary.json"
     if not summary_file.is_file():
         raise FileNotFoundError(
             f"{path}: not a hetsync run directory (summary.json missing)"
         )
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"{summary_file} cannot be read (truncated or not JSON: "
+                          f"{error}): a damaged file, or one still being written") from None
+    if not isinstance(summary, dict):
+        raise ConfigError(f"{summary_file} is not a run summary (not a JSON object)")
     return Run(
         path=path,
-        summary=json.loads(summary_file.read_text(encoding="utf-8")),
+        summary=summary,
         eval_rows=read_jsonl(path / "eval.jsonl"),
         worker_rows=_read_workers(path / "workers"),
     )
