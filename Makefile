@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.stamp-setup
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-all lint bench clean
 
 setup: $(STAMP)
 
@@ -27,6 +27,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+test-all: setup  # the tests marked slow too (more of the same multi-process checks)
+	$(PY) -m pytest -q -m ""
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench examples

@@ -17,9 +17,11 @@ from hetsync.launch.launcher import run
 pytestmark = pytest.mark.integration
 SCRIPT = Path(__file__).parents[1] / "launch" / "scripts" / "batchnorm.py"
 
+SLOW = pytest.mark.slow  # the same buffer policy as a protocol that stays in the default run
 PROTOCOLS = [
-    ("allreduce", {}), ("ddp", {}), ("ps", {"ps_mode": "sync"}), ("ps", {"ps_mode": "async"}),
-    ("dpsgd", {}), ("adpsgd", {}), ("hop", {}), ("prague", {"group_size": 2}),
+    ("allreduce", {}), pytest.param("ddp", {}, marks=SLOW), ("ps", {"ps_mode": "sync"}),
+    pytest.param("ps", {"ps_mode": "async"}, marks=SLOW), ("dpsgd", {}), ("adpsgd", {}),
+    ("hop", {}), pytest.param("prague", {"group_size": 2}, marks=SLOW),
 ]
 
 

@@ -75,7 +75,7 @@ def test_naive_adpsgd_deadlocks_and_is_caught(tmp_path):
     ("protocol", "options"),
     [("dpsgd", {}), ("adpsgd", {}), ("ps", {"ps_mode": "sync"}), ("ps", {"ps_mode": "async"})],
 )
-@pytest.mark.parametrize("workload", ["svm", "cnn"])
+@pytest.mark.parametrize("workload", ["svm", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_loss_falls_on_real_workloads(protocol, options, workload, train_run, loss_fell):
     result = train_run(protocol=protocol, workload=workload, workers=4, max_time=8,
                        stop_at_target=False, eval_every=2.0, label=f"{protocol}-{workload}",

@@ -74,9 +74,11 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=VARIANTS)
-def test_eight_workers_with_random_delays_keep_hops_invariants(variant, train_run):
-    options = {"workers": 8, "max_time": 4, "step_time": 4.0, "stop_at_target": False,
+@pytest.mark.parametrize("variant", [
+    pytest.param(v, marks=pytest.mark.slow) if v in ("staleness", "backup", "directed+skip")
+    else v for v in VARIANTS], ids=list(VARIANTS))
+def test_six_workers_with_random_delays_keep_hops_invariants(variant, train_run):
+    options = {"workers": 6, "max_time": 4, "step_time": 4.0, "stop_at_target": False,
                "eval_every": 60, "slowdown": "random:p=0.2,factor=5", **VARIANTS[variant],
                "label": variant}
     result = train_run(protocol="hop", **options)
@@ -101,7 +103,7 @@ def test_a_persistently_slow_worker_skips_and_no_longer_holds_back_the_ring(trai
 
 
 @pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
-@pytest.mark.parametrize("workload", ["svm", "cnn"])
+@pytest.mark.parametrize("workload", ["svm", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
     result = train_run(protocol="hop", workload=workload, workers=8, max_time=7, backup=1,
                        skip=True, slowdown="random:p=0.1,factor=4", stop_at_target=False,
