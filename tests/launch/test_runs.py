@@ -222,7 +222,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path):
     assert _processes_of(out) == []
 
 
-@pytest.mark.parametrize("rank", [2])  # any rank: 0 and 1 pass too (kept out of CI for time)
+@pytest.mark.parametrize("rank", [2, pytest.param(0, marks=pytest.mark.slow)])
 def test_a_stopped_worker_is_named_not_a_peer_waiting_for_it(rank, tmp_path):
     """kill -STOP: the stopped worker cannot answer for its stack, and its peers, blocked in
     synchronisation, look alike; the kernel's process state tells them apart."""
