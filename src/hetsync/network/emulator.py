@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 
 from hetsync.network.model import Message, NetworkModel
 from hetsync.network.spec import NetworkSpec, parse_network, parse_payload
+from hetsync.transport.flat import model_tensors
 
 if TYPE_CHECKING:
     from torch import nn
@@ -48,9 +49,8 @@ __all__ = ["NetworkEmulator", "model_bytes"]
 
 
 def model_bytes(model: nn.Module) -> int:
-    """What the model's shared state weighs: parameters and floating buffers."""
-    tensors = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """What the model's shared state weighs: the tensors the protocols send."""
+    return sum(t.numel() * t.element_size() for t in model_tensors(model))
 
 
 class NetworkEmulator:

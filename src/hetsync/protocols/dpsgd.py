@@ -24,6 +24,7 @@ from torch import nn
 from hetsync.config import RunConfig
 from hetsync.cores.stop_agreement import StopAgreement
 from hetsync.network.model import Message
+from hetsync.network.patterns import fan_out
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import Topology, build
@@ -95,7 +96,7 @@ class DPSGD(Protocol):
                 work.wait()
         end = len(send) - (1 if self.network is None else 2)  # model, stop vote[, time posted]
         if self.network is not None:
-            self._charge_network(step, send, received)
+            self._charge_network(step, send, end, received)
         self_weight, weights = self.topology.recv_weights(self.runtime.rank, step.iteration)
         average = send[:end] * self_weight
         for j, buf in received.items():
@@ -108,16 +109,17 @@ class DPSGD(Protocol):
         self._exchange = None
 
     def _charge_network(
-        self, step: Step, send: torch.Tensor, received: dict[int, torch.Tensor]
+        self, step: Step, send: torch.Tensor, end: int, received: dict[int, torch.Tensor]
     ) -> None:
-        """The exchange is usable once the last of its messages would have arrived: sent to
-        the out-peers and received from the in-peers, from the latest time one was posted."""
+        """The exchange is usable once the last of its messages would have arrived: the model
+        (`send[:end]`) sent to the out-peers and received from the in-peers, from the latest
+        time one was posted (each message's last value)."""
         assert self.network is not None
         rank = self.runtime.rank
-        nbytes = self.network.scaled((send.numel() - 2) * send.element_size())
-        messages = [Message(rank, j, nbytes) for j in self.topology.out_peers(rank, step.iteration)]
+        nbytes = self.network.scaled(end * send.element_size())
+        messages = fan_out(rank, self.topology.out_peers(rank, step.iteration), nbytes)
         messages += [Message(j, rank, nbytes) for j in received]
-        posted = max([float(send[-1])] + [float(buf[-1]) for buf in received.values()])
+        posted = max(float(buf[-1]) for buf in [send, *received.values()])
         modelled = self.network.duration(messages)
         self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
 

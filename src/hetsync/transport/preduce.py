@@ -168,25 +168,26 @@ class _Auto(PReducer):
         self._network = network
         self._kinds = {"mesh": _Mesh(rank, world), "ring": _Ring(rank, world),
                        "leader": _Leader(rank, world)}
-        self._chosen: dict[tuple[int, int], PReducer] = {}
+        self._chosen: dict[tuple[int, float], PReducer] = {}
 
-    def choose(self, k: int, nbytes: int) -> PReducer:
+    def choose(self, k: int, nbytes: float) -> PReducer:
+        """The kind for `k` members averaging a buffer of `nbytes` as declared (`--payload`)."""
         if self._network is None:
             return self._kinds["mesh"]
         key = (k, nbytes)
         if key not in self._chosen:
             network, members = self._network, tuple(range(k))
             self._chosen[key] = min(self._kinds.values(), key=lambda kind: network.duration(
-                kind.messages(members, network.scaled(nbytes))))
+                kind.messages(members, nbytes)))
         return self._chosen[key]
 
     def messages(self, group: Group, nbytes: float) -> list[Message]:
-        assert self._network is not None
-        real = int(nbytes / self._network.scale)
-        return self.choose(len(group), real).messages(group, nbytes)
+        return self.choose(len(group), nbytes).messages(group, nbytes)
 
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
-        self.choose(len(group), flat.numel() * flat.element_size())._sum(flat, group)
+        real = flat.numel() * flat.element_size()
+        declared = self._network.scaled(real) if self._network is not None else real
+        self.choose(len(group), declared)._sum(flat, group)
 
 
 class _Subgroup(PReducer):
