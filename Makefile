@@ -32,7 +32,7 @@ test-all: setup  # the tests marked slow too (more of the same multi-process che
 	$(PY) -m pytest -q -m ""
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff check src tests experiments examples
 
 bench: setup
 	$(VENV)/bin/hetsync bench --out runs/bench-headline

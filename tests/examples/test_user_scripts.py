@@ -1,7 +1,7 @@
 """The example user scripts (a GRU language model, a BatchNorm MLP) learn under hetsync.
 
 Short runs, two workers; the full comparison with DDP under every protocol is a benchmark
-(bench/user_scripts.py), not a test.
+(experiments/user_scripts.py), not a test.
 """
 
 from __future__ import annotations

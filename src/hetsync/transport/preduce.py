@@ -1,8 +1,8 @@
 """P-Reduce, Prague's partial all-reduce: each member of a group of ranks gets the average of
 the members' flat buffers; non-members take no part, and disjoint groups run at the same time.
 
-Four implementations, chosen by name (`make_preducer`); bench/preduce_options.py measures them.
-Each also says which messages it sends (`messages`), so that an emulated network
+Four implementations, chosen by name (`make_preducer`); experiments/preduce_options.py measures
+them. Each also says which messages it sends (`messages`), so that an emulated network
 (hetsync.network) charges it as it really sends:
 
 - ``mesh``: every member sends its buffer to every other member, then sums (one round).

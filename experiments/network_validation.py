@@ -1,14 +1,14 @@
 """Benchmark: the network cost model against the kernel's own traffic shaping.
 
 Worker processes, each in its own network namespace with its NIC limited to --rate each way by
-`tc` (bench/shaping.py), time real gloo communications of --size bytes: a point-to-point
+`tc` (experiments/shaping.py), time real gloo communications of --size bytes: a point-to-point
 transfer, an all-reduce over all of them (gloo's ring) and an incast of every other worker
 into one (a parameter server's gather). The cost model (hetsync.network) prices the same
 messages on the same NICs; the issue asks for agreement within 15 %. The same cases run first
 unshaped, which is what the processes themselves cost: a shaped time far above it is the
 network's. Needs root for the namespaces; without it, says why and exits. About 2 minutes.
 
-    .venv/bin/python bench/network_validation.py [--rate 100Mbit] [--size 10MB] \\
+    .venv/bin/python experiments/network_validation.py [--rate 100Mbit] [--size 10MB] \\
         [--out runs/network-validation]
 """
 
@@ -32,7 +32,7 @@ from hetsync.network.patterns import point_to_point, ring_allreduce
 from hetsync.network.spec import NetworkSpec, parse_network, parse_payload
 
 TOLERANCE = 0.15
-COMMAND = "python bench/network_validation.py"
+COMMAND = "python experiments/network_validation.py"
 COLUMNS = ("Modelled: `NetworkModel.duration` of the case's messages. Shaped: the processes "
            "under tc limits, from the last one's start to the last one's end. Unshaped: the "
            "same without limits, what the processes cost themselves. Bench CPU: their CPU "
@@ -59,7 +59,7 @@ def _arguments() -> argparse.Namespace:
     p.add_argument("--mtu", type=int, default=9000)
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--no-realtime", action="store_true",
-                   help="leave the processes at normal priority (see bench/shaped_timing.py)")
+                   help="leave the processes at normal priority (see experiments/shaped_timing.py)")
     p.add_argument("--out", type=Path, default=Path("runs/network-validation"))
     return p.parse_args()
 

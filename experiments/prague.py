@@ -8,7 +8,7 @@ slowdown. Prints time to target, throughput and the fraction of the ideal throug
 ratios to allreduce, then Prague's conflict and wait figures. Not part of the tests: about
 30 minutes.
 
-    python bench/prague.py [--workload cnn] [--max-time 180] [--out runs/bench-prague]
+    python experiments/prague.py [--workload cnn] [--max-time 180] [--out runs/bench-prague]
 """
 
 from __future__ import annotations

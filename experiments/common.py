@@ -1,4 +1,4 @@
-"""Shared harness of the benchmark scripts: run a matrix of (setting, protocol) side by side
+"""Shared harness of the experiment scripts: run a matrix of (setting, protocol) side by side
 in one session, print throughput and time to target with ratios, and write the report."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ monotonic clock); the table shows the median over --repeats samples. `subgroup f
 P-Reduce on a group created for it (creation + admission all-reduce + all-reduce); the other
 columns are steady state (subgroup: cached group).
 
-    python bench/preduce_options.py [--workers 8] [--repeats 40] [--out runs/bench-preduce]
+    python experiments/preduce_options.py [--workers 8] [--repeats 40] [--out runs/bench-preduce]
 """
 
 from __future__ import annotations

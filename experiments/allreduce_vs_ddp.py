@@ -3,7 +3,7 @@
 8 workers, 50 ms emulated steps; each run stops at the workload's target loss (or --max-time).
 Not part of the tests: it takes several minutes.
 
-    python bench/allreduce_vs_ddp.py [--workload cnn] [--out runs/bench-ar-ddp]
+    python experiments/allreduce_vs_ddp.py [--workload cnn] [--out runs/bench-ar-ddp]
 """
 
 from __future__ import annotations

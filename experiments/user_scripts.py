@@ -8,7 +8,7 @@ the tests: 20 runs at the defaults, each mostly the 4 workers' start-up, 0.5 to 
 on 2 cores depending on how busy they are (about 35 minutes in all when measured on a shared
 machine); `--resume` reuses finished runs.
 
-    python bench/user_scripts.py [--repeats 2] [--only gru] [--out runs/user-scripts]
+    python experiments/user_scripts.py [--repeats 2] [--only gru] [--out runs/user-scripts]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ to skip). Prints time to target, throughput and the fraction of the ideal throug
 of the workers' own speeds), with ratios to D-PSGD in the same setting, and writes the report
 with per-worker iterations against time. Not part of the tests: about 25 minutes.
 
-    python bench/hop.py [--workload cnn] [--max-time 120] [--out runs/bench-hop]
+    python experiments/hop.py [--workload cnn] [--max-time 120] [--out runs/bench-hop]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ allreduce, ps (sync and async), dpsgd and adpsgd; 8 workers, 50 ms emulated step
 homogeneous and with one worker 4x slow; time to target loss and aggregate throughput, with
 ratios to allreduce. Not part of the tests: it takes about 15 minutes.
 
-    python bench/baselines.py [--workload cnn] [--max-time 150] [--out runs/bench-baselines]
+    python experiments/baselines.py [--workload cnn] [--max-time 150] [--out runs/bench-baselines]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The cost model against the kernel's own traffic shaping, on the smallest case: one transfer
-between two gloo processes in network namespaces whose NICs `tc` limits (bench/shaping.py;
-bench/network_validation.py runs the all-reduce and the incast too)."""
+between two gloo processes in network namespaces whose NICs `tc` limits (experiments/shaping.py;
+experiments/network_validation.py runs the all-reduce and the incast too)."""
 
 from __future__ import annotations
 
@@ -15,22 +15,22 @@ from hetsync.network.model import NetworkModel
 from hetsync.network.patterns import point_to_point
 from hetsync.network.spec import parse_network
 
-BENCH = str(Path(__file__).parents[2] / "bench")
+EXPERIMENTS = str(Path(__file__).parents[2] / "experiments")
 SIZE = 4_000_000  # 0.32 s at 100 Mbit/s
 
 
 @pytest.fixture(scope="module")
-def bench():
-    sys.path.insert(0, BENCH)
+def scripts():
+    sys.path.insert(0, EXPERIMENTS)
     try:
         yield importlib.import_module("shaping"), importlib.import_module("shaped_timing")
     finally:
-        sys.path.remove(BENCH)
+        sys.path.remove(EXPERIMENTS)
 
 
 @pytest.mark.integration
-def test_a_shaped_transfer_takes_what_the_model_says(bench):
-    shaping, timing = bench
+def test_a_shaped_transfer_takes_what_the_model_says(scripts):
+    shaping, timing = scripts
     reason = shaping.unavailable_reason()
     if reason:
         pytest.skip(f"no traffic shaping here: {reason}")
