@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from hetsync.config import RunConfig, load_toml
-from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.errors import ConfigError, Deadlock, WorkerFailed
 
 __all__ = ["main"]
 
@@ -155,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
     launch = add("launch", help="run your own training script with N workers")
     _add_run_options(launch, script=True)
     launch.add_argument("script", nargs=argparse.REMAINDER, help=_RUN_HELP["script"])
+    simulate = add("simulate", help="run a protocol on a virtual clock (no processes; 1000+ "
+                   "workers)")
+    _add_run_options(simulate, script=False)
+    _add_simulate_options(simulate)
     report = add("report", help="plots and a table from run directories")
     report.add_argument("runs", nargs="+", type=Path, help="run directories")
     report.add_argument("--out", type=Path, required=True, help="folder for plots and report.md")
@@ -166,6 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
     add("protocols", help="list the available protocols")
     add("workloads", help="list the built-in workloads")
     return parser
+
+
+#: Options of `simulate` that are not run options (RunConfig fields).
+_SIMULATE = ("math", "gg_service_us", "ps_service_us")
+
+
+def _add_simulate_options(parser: argparse.ArgumentParser) -> None:
+    from hetsync.simulator.run import SimOptions
+
+    defaults = SimOptions()
+    parser.add_argument("--math", action="store_true",
+                        help="also run every worker's real numerical updates (svm only), for "
+                        "loss and time to target")
+    parser.add_argument("--gg-service-us", type=float, default=defaults.gg_service_us,
+                        help="microseconds the Group Generator spends per message")
+    parser.add_argument("--ps-service-us", type=float, default=defaults.ps_service_us,
+                        help="microseconds the parameter server spends per push")
 
 
 def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
@@ -242,7 +264,7 @@ def _default_workload() -> str:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults < --config file < flags given on the command line."""
     values = dict(load_toml(args.config)) if getattr(args, "config", None) else {}
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "config", *_SIMULATE)}
     if args.command == "launch":
         if not given.get("script"):
             raise ConfigError("hetsync launch needs a script: hetsync launch [options] script.py")
@@ -297,6 +319,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             run_demo(args.out, args.workers, args.max_time, _default_workload())
             return 0
         config = config_from_args(args)
+        if args.command == "simulate":
+            return _simulate(config, args)
         if args.command == "train" and _under_torchrun():
             from hetsync.launch.worker import run_under_torchrun
 
@@ -309,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"hetsync: error: {error}", file=sys.stderr)
         return 2
-    except WorkerFailed as error:
+    except (WorkerFailed, Deadlock) as error:
         print(f"hetsync: run failed: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
@@ -319,6 +343,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("hetsync: finished runs are kept: add --resume to the same command to go on",
                   file=sys.stderr)
         return 130
+    _print_result(result.run_dir, result.summary)
+    return 0
+
+
+def _simulate(config: RunConfig, args: argparse.Namespace) -> int:
+    from hetsync.simulator.run import SimOptions, simulate
+
+    for name in ("gg_service_us", "ps_service_us"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number >= 0 "
+                              f"(got {value})")
+    options = SimOptions(math=args.math, gg_service_us=args.gg_service_us,
+                         ps_service_us=args.ps_service_us, progress=not config.quiet)
+    result = simulate(config, options)
     _print_result(result.run_dir, result.summary)
     return 0
 

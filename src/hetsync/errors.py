@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "HetsyncError", "WorkerFailed"]
+__all__ = ["ConfigError", "Deadlock", "HetsyncError", "WorkerFailed"]
 
 
 class HetsyncError(Exception):
@@ -23,6 +23,9 @@ class WorkerFailed(HetsyncError, RuntimeError):
         text = f"worker rank {rank} {reason}"
         super().__init__(f"{text}\n{details}".rstrip())
 
+
+class Deadlock(HetsyncError, RuntimeError):
+    """A simulated run cannot go on: no event is left, yet workers wait; names who waits."""
 
 
 #: What a worker's error says when a peer failed first: follow-on errors, not causes.

@@ -244,7 +244,7 @@ class GroupGeneratorCore:
         if self.buffer != "off" and self._unfinished[rank]:
             self._stats.reused += 1
             if event.last:
-                self._live.discard(rank)
+                self._leave(rank)
             return [AssignGroup(rank=rank, group=self._unfinished[rank][-1], answers_request=True)]
         if self.buffer == "batch":
             members = self._batch_group(rank)
@@ -346,12 +346,20 @@ class GroupGeneratorCore:
         self._left_to_finish[group.id] = set(group.members)
         for w, last in answering.items():
             if last:
-                self._live.discard(w)
+                self._leave(w)
         return [AssignGroup(rank=w, group=group, answers_request=w in answering)
                 for w in group.members]
 
     def _division_members(self, division: int) -> tuple[int, ...]:
-        return tuple(w for w in sorted(self._live) if self._division_of[w] == division)
+        members = self._members.get(division)
+        if members is None:  # cached: a request must cost O(group), not O(world), at scale
+            members = tuple(w for w in sorted(self._live) if self._division_of[w] == division)
+            self._members[division] = members
+        return members
+
+    def _leave(self, rank: int) -> None:
+        self._live.discard(rank)
+        self._members.clear()
 
     def _redivide(self) -> None:
         """Draw new divisions among the live workers; a `batch` partition spans the old ones."""
@@ -360,4 +368,5 @@ class GroupGeneratorCore:
             self._rng.shuffle(ranks)
         parts = split_evenly(ranks, self._division_count)
         self._division_of = {w: d for d, part in enumerate(parts) for w in part}
+        self._members: dict[int, tuple[int, ...]] = {}
         self._batch = {}

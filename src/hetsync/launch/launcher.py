@@ -57,7 +57,7 @@ def run(config: RunConfig) -> RunResult:
     check_capacity(config.workers)
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
-        _prepare_run_dir(config, run_dir)
+        prepare_run_dir(config, run_dir)
         try:
             return _run(config, run_dir)
         except BaseException as error:
@@ -173,7 +173,7 @@ def default_out(config: RunConfig) -> Path:
     return Path("runs") / f"{config.label or config.protocol}-{stamp}"
 
 
-def _prepare_run_dir(config: RunConfig, run_dir: Path) -> None:
+def prepare_run_dir(config: RunConfig, run_dir: Path) -> None:
     """Empty the run's files out of `run_dir`, refusing one that holds a run unless told to."""
     if not config.overwrite and any((run_dir / name).exists() for name in _RUN_FILES):
         raise ConfigError(f"--out {run_dir} already holds a run: pass --overwrite to replace "

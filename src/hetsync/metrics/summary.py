@@ -9,7 +9,7 @@ from typing import Any
 
 from hetsync.config import RunConfig
 
-__all__ = ["read_jsonl", "summarize", "time_to_target", "write_summary"]
+__all__ = ["read_jsonl", "summarize", "summarize_rows", "time_to_target", "write_summary"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -30,7 +30,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def summarize(run_dir: Path, config: RunConfig, stop_reason: str | None) -> dict[str, Any]:
     """Build summary.json's content from the worker logs and eval.jsonl."""
     workers = [read_jsonl(run_dir / "workers" / f"rank{r}.jsonl") for r in range(config.workers)]
-    evals = read_jsonl(run_dir / "eval.jsonl")
+    return summarize_rows(workers, read_jsonl(run_dir / "eval.jsonl"), config, stop_reason)
+
+
+def summarize_rows(workers: list[list[dict[str, Any]]], evals: list[dict[str, Any]],
+                   config: RunConfig, stop_reason: str | None) -> dict[str, Any]:
+    """`summarize` from rows already in memory (the simulator's, which never reads them back)."""
     iterations = [rows[-1]["iteration"] if rows else 0 for rows in workers]
     ends = [rows[-1]["t"] for rows in workers if rows]
     wall = max(ends) if ends else 0.0

@@ -81,7 +81,7 @@ def _add_time(step: Step, key: str, began: float) -> None:
     step.extra[key] = float(step.extra.get(key, 0.0)) + time.perf_counter() - began  # type: ignore[arg-type]
 
 
-def _generator(config: RunConfig) -> GroupGeneratorCore:
+def make_group_generator(config: RunConfig) -> GroupGeneratorCore:
     return GroupGeneratorCore(
         config.workers, config.group_size, random.Random(f"prague/{config.seed}"),
         policy=config.gg_policy, buffer=config.group_buffer_mode if config.group_buffer else "off",
@@ -111,7 +111,7 @@ class Prague(Protocol):
             raise ConfigError("--group-buffer applies to --gg-policy random (ready groups never "
                               "conflict): add --gg-policy random")
         try:
-            _generator(config)
+            make_group_generator(config)
         except ValueError as error:
             raise ConfigError(f"prague: {error}") from None
 
@@ -134,7 +134,7 @@ class Prague(Protocol):
         self._gg: _GroupGeneratorService | None = None
         if not self.static:
             if rank == 0:
-                self._gg = _GroupGeneratorService(_generator(config), self._deliver,
+                self._gg = _GroupGeneratorService(make_group_generator(config), self._deliver,
                                                   config.ready_wait / 1000.0, self._host_group)
                 self._threads += self._gg.threads
             elif runtime.world_size > 1:

@@ -1,0 +1,128 @@
+"""`--math`: the real numerical updates of every simulated worker, on real data.
+
+All workers' parameters are one tensor of shape (workers, parameters), and so are their
+momentum buffers and gradients: an average over a group is one indexed mean, and memory grows
+as 3 x workers x parameters floats plus one buffered copy per update in flight (Hop's queues),
+about 10 KB per worker for `svm`. The workload is `svm` (the linear SVM of hetsync.workloads:
+hinge loss, L2 on the weight, SGD with momentum, each worker on its own shard of
+Fashion-MNIST, exactly the minibatches a real worker of the same rank and seed draws); its
+gradient is written out by hand, which is what makes a step cost microseconds rather than an
+autograd pass. Other workloads are refused: their models are too large to hold per worker for
+a thousand workers.
+
+The protocol simulations call these operations where the real drivers touch the model
+(gradient at the end of a step's compute, `step` where the optimizer steps, `average` for a
+collective or a P-Reduce, `mix` for a weighted neighbourhood average of published models).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.transport.flat import flatten
+from hetsync.workloads import SVM_L2, get_workload
+from hetsync.workloads.sharding import Shard
+
+__all__ = ["MATH_WORKLOADS", "MathModel"]
+
+MATH_WORKLOADS = ("svm",)
+
+
+class MathModel:
+    """Every worker's svm model, optimizer state and data position."""
+
+    def __init__(self, config: RunConfig) -> None:
+        if config.workload not in MATH_WORKLOADS:
+            raise ConfigError(f"--math supports --workload {', '.join(MATH_WORKLOADS)} (got "
+                              f"{config.workload!r}): it holds every worker's model at once")
+        workload = get_workload(config.workload)
+        data = workload.load(config.data_dir)
+        world = config.workers
+        torch.manual_seed(config.seed)  # the same initial model as a real run's
+        initial = flatten(list(workload.build_model().parameters())).detach()
+        self.features = initial.numel() - 1
+        self.x = initial.repeat(world, 1)
+        """Row r: worker r's weight (all but the last entry) and bias (the last)."""
+        self.momentum_buffer = torch.zeros_like(self.x)
+        self.grad = torch.zeros_like(self.x)
+        self.lr = float(config.lr or workload.lr)
+        self.momentum = float(config.momentum if config.momentum is not None
+                              else workload.momentum)
+        self._stepped = [False] * world
+        self.last_loss: list[float | None] = [None] * world
+        batch = config.batch_size or workload.batch_size
+        n = len(data.train_y)
+        self._batches: list[Iterator[tuple[torch.Tensor, torch.Tensor]]] = [
+            Shard(n, r, world, config.seed).batches(data.train_x, data.train_y.float(), batch)
+            for r in range(world)]
+        self._test_x, self._test_y = data.test_x, data.test_y.float()
+        self.published: dict[tuple[int, int], torch.Tensor] = {}
+        self.server: torch.Tensor | None = None
+
+    # --- one worker ------------------------------------------------------------------------
+    def gradient(self, rank: int, model: torch.Tensor | None = None) -> None:
+        """The gradient of `rank`'s next minibatch at its model (or at `model`)."""
+        x, y = next(self._batches[rank])
+        params = self.x[rank] if model is None else model
+        w, b = params[:-1], params[-1]
+        margin = y * (x @ w + b)
+        active = (margin < 1).float() * y
+        grad = self.grad[rank]
+        grad[:-1] = -(active @ x) / len(y) + SVM_L2 * w
+        grad[-1] = -active.sum() / len(y)
+        self.last_loss[rank] = float(torch.clamp(1 - margin, min=0).mean())
+
+    def step(self, rank: int, grad: torch.Tensor | None = None) -> None:
+        """SGD with momentum, as torch.optim.SGD (no dampening): buf = m buf + g; x -= lr buf."""
+        g = self.grad[rank] if grad is None else grad
+        buf = self.momentum_buffer[rank]
+        if self._stepped[rank]:
+            buf.mul_(self.momentum).add_(g)
+        else:
+            buf.copy_(g)
+            self._stepped[rank] = True
+        self.x[rank].sub_(self.lr * buf)
+
+    # --- averaging -------------------------------------------------------------------------
+    def average(self, members: tuple[int, ...] | list[int]) -> None:
+        """Every member's model becomes the members' mean (a collective, a P-Reduce)."""
+        index = torch.tensor(members)
+        self.x[index] = self.x[index].mean(0)
+
+    def average_gradients(self, members: tuple[int, ...] | list[int]) -> None:
+        index = torch.tensor(members)
+        self.grad[index] = self.grad[index].mean(0)
+
+    def publish(self, rank: int, tag: int) -> None:
+        """Keep a copy of `rank`'s model as sent, tagged `tag` (an update in flight)."""
+        self.published[rank, tag] = self.x[rank].clone()
+
+    def mix(self, rank: int, self_weight: float, weights: Mapping[int, float],
+            inputs: Mapping[int, int]) -> None:
+        """x_rank <- self_weight x_rank + sum_j weights[j] published(j, inputs[j])."""
+        row = self.x[rank]
+        row.mul_(self_weight)
+        for src, tag in inputs.items():
+            row.add_(self.published[src, tag], alpha=weights[src])
+
+    def drop(self, src: int, tags: tuple[int, ...]) -> None:
+        for tag in tags:
+            self.published.pop((src, tag), None)
+
+    # --- evaluation ------------------------------------------------------------------------
+    def evaluate(self, rows: Any = None) -> tuple[float, float]:
+        """(hinge loss, accuracy) of the consensus model (the mean of `rows`, default all)
+        on the whole held-out split, as the real evaluator measures it."""
+        params = (self.x if rows is None else self.x[rows]).mean(0)
+        out = self._test_x @ params[:-1] + params[-1]
+        loss = float(torch.clamp(1 - self._test_y * out, min=0).mean())
+        accuracy = float(((out >= 0).float() * 2 - 1 == self._test_y).float().mean())
+        return loss, accuracy
+
+    def consensus_distance(self) -> float:
+        return float(((self.x - self.x.mean(0)) ** 2).sum(1).mean())

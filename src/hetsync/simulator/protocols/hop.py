@@ -1,0 +1,135 @@
+"""Hop on the virtual clock: `HopCore` per worker, its decisions turned into timed messages.
+
+Mirrors the real driver (hetsync.protocols.hop): an iteration starts when the core says so
+(tokens), sends its model, computes, then aggregates when the core has what it needs. Updates
+are booked on the receiver's ingress with the sender's egress shared among its copies
+(`NetworkModel.deliver`, as Hop's receiver threads book them in emulated runs); tokens are
+control messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetsync.cores.hop import (
+    Aggregate,
+    ComputeFinished,
+    Decision,
+    Drop,
+    HopCore,
+    NeighbourLeft,
+    ReadyToStart,
+    ReturnTokens,
+    SendUpdate,
+    SkipTo,
+    StartIteration,
+    TokensReceived,
+    UpdateReceived,
+    Wait,
+)
+from hetsync.network.model import Message
+from hetsync.protocols.hop import hop_config
+from hetsync.simulator.world import Simulation, SimWorker
+from hetsync.topology import build
+
+__all__ = ["build_workers"]
+
+
+class HopWorker(SimWorker):
+    def __init__(self, sim: Simulation, rank: int, core: HopCore) -> None:
+        super().__init__(sim, rank)
+        self.core = core
+        self.peers: list[HopWorker] = []
+        self.neighbours = sorted(set(core.in_peers) | set(core.out_peers))
+        self._extra: dict[str, Any] = {}
+        self._stopping = False
+
+    def start(self) -> None:
+        self._run(ReadyToStart())
+
+    def receive(self, event: Any) -> None:
+        if not self.done:
+            self._run(event)
+
+    def _computed(self, iteration: int) -> None:
+        math = self.sim.math
+        if math is not None:
+            math.gradient(self.rank)
+        self._stopping = self.sim.wants_stop(iteration)
+        self._run(ComputeFinished(iteration=iteration))
+
+    def _run(self, event: Any) -> None:
+        completed = False
+        for decision in self.core.handle(event):
+            completed |= self._execute(decision)
+        if completed:
+            self.end_iteration(**self._extra)
+            self._extra = {}
+            if self._stopping:
+                self._leave()
+            else:
+                self._run(ReadyToStart())
+
+    def _execute(self, decision: Decision) -> bool:
+        sim, math = self.sim, self.sim.math
+        if isinstance(decision, SendUpdate):
+            nbytes, copies, now = sim.costs.payload_bytes, len(decision.to), sim.clock.now
+            network, clock = sim.costs.network, sim.clock
+            event = UpdateReceived(src=self.rank, tag=decision.tag)
+            for dst in decision.to:
+                arrival = network.deliver(Message(self.rank, dst, nbytes), now, copies)
+                clock.at(arrival, self.peers[dst].receive, event)
+            self.charge(nbytes=nbytes * copies)
+            if math is not None:
+                math.publish(self.rank, decision.tag)
+        elif isinstance(decision, StartIteration):
+            self.unblock()
+            self._extra["tag"] = decision.iteration
+            self.compute(decision.iteration, self._computed, decision.iteration)
+        elif isinstance(decision, ReturnTokens):
+            costs, clock = sim.costs, sim.clock
+            event = TokensReceived(src=self.rank, count=decision.count)
+            for dst in decision.to:
+                clock.after(costs.latency(self.rank, dst), self.peers[dst].receive, event)
+        elif isinstance(decision, Aggregate):
+            self.unblock()
+            if math is not None:
+                math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
+                math.step(self.rank)
+            self._extra["used"] = len(decision.inputs)
+            self._extra["staleness"] = max(
+                (decision.iteration - tag for tag in decision.inputs.values()), default=0)
+            return True
+        elif isinstance(decision, Wait):
+            wanted = [f"rank {src}'s update {tag}" for src, tag in decision.updates.items()]
+            wanted += [f"rank {src}'s token" for src in decision.tokens]
+            self.block(", ".join(wanted))
+        elif isinstance(decision, SkipTo):
+            self._extra["skipped"] = decision.iteration - decision.skipped_from
+            if math is not None:
+                math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
+        elif isinstance(decision, Drop) and math is not None:
+            math.drop(decision.src, decision.tags)
+        return False
+
+    def _leave(self) -> None:
+        clock, costs = self.sim.clock, self.sim.costs
+        event = NeighbourLeft(rank=self.rank)
+        for peer in self.neighbours:
+            clock.after(costs.latency(self.rank, peer), self.peers[peer].receive, event)
+        self.finish()
+
+
+def build_workers(sim: Simulation) -> list[SimWorker]:
+    config = sim.config
+    topology = build(config.topology, config.workers, config.weights)
+    hop = hop_config(config)
+    workers = []
+    for rank in range(config.workers):
+        self_weight, weights = topology.recv_weights(rank)
+        core = HopCore(rank, topology.in_peers(rank), topology.out_peers(rank), self_weight,
+                       weights, hop)
+        workers.append(HopWorker(sim, rank, core))
+    for worker in workers:
+        worker.peers = workers
+    return list(workers)

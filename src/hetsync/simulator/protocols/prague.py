@@ -1,0 +1,228 @@
+"""Prague on the virtual clock: `PragueWorkerCore` per worker, `GroupGeneratorCore` behind a
+single-server queue on rank 0, and P-Reduces booked on the network model.
+
+Mirrors the real driver (hetsync.protocols.prague): after its step a worker follows its core
+(request a group, run queued P-Reduces in the global order, start the next step). The Group
+Generator serves one message at a time, each taking its service time (`costs.SERVICE_S`), so
+its queue grows where requests come faster than it answers; with the ready policy its timer
+fires `ready_wait` after the last message it served, as the real thread's timed `get` does.
+A P-Reduce starts when its last member reaches it and costs the messages of the P-Reduce kind
+the real run would choose (`--preduce`), on the shared NIC clocks. The static schedule has no
+Group Generator: each step's partition comes from `static_group`, and the stop step is agreed
+through a shared value that plays the control store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetsync.cores.group_generator import (
+    Group,
+    GroupFinished,
+    GroupGeneratorCore,
+    GroupRequested,
+    WaitTimedOut,
+)
+from hetsync.cores.prague_worker import (
+    GroupAssigned,
+    Leave,
+    PragueWorkerCore,
+    PReduceFinished,
+    RequestGroup,
+    RunPReduce,
+    StartStep,
+    StepFinished,
+)
+from hetsync.cores.static_schedule import StaticStop, static_group, static_schedule
+from hetsync.protocols.prague import make_group_generator
+from hetsync.simulator.costs import Server
+from hetsync.simulator.world import Simulation, SimWorker
+from hetsync.transport.preduce import make_preducer
+
+__all__ = ["build_workers"]
+
+
+class Rendezvous:
+    """P-Reduces by key: each starts when its last member arrives, and ends for all at once."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.preducer = make_preducer(sim.config.preduce if sim.config.preduce != "subgroup"
+                                      else "mesh", 0, sim.world, network=sim.costs.network)
+        self._arrived: dict[object, list[PragueWorker]] = {}
+
+    def join(self, key: object, members: tuple[int, ...], worker: PragueWorker) -> None:
+        arrived = self._arrived.setdefault(key, [])
+        arrived.append(worker)
+        if len(arrived) < len(members):
+            return
+        del self._arrived[key]
+        sim = self.sim
+        nbytes = sim.costs.payload_bytes
+        messages = self.preducer.messages(members, nbytes)
+        now = sim.clock.now
+        end = max(sim.costs.network.send(messages, at=now), default=now)
+        if sim.math is not None:
+            sim.math.average(members)
+        sent = nbytes * (len(members) - 1)
+        for member in arrived:
+            member.charge(network_s=end - now, nbytes=sent)
+            sim.clock.at(end, member.preduced, key)
+
+
+class GroupGeneratorService:
+    """Rank 0's Group Generator thread: a FIFO server around the core."""
+
+    def __init__(self, sim: Simulation, core: GroupGeneratorCore) -> None:
+        self.sim, self.core = sim, core
+        self.server = Server(sim.service_s["group-generator"])
+        sim.services["group_generator"] = self.server
+        self.workers: list[PragueWorker] = []
+        self.ready_wait = sim.config.ready_wait / 1000.0 if core.policy == "ready" else None
+        self._timer = 0
+
+    def receive(self, event: Any) -> None:
+        self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
+
+    def _serve(self, event: Any) -> None:
+        self._send(self.core.handle(event))
+
+    def _expired(self, timer: int) -> None:
+        if timer == self._timer and self.core.waiting:
+            self._send(self.core.handle(WaitTimedOut()))
+
+    def _send(self, assignments: list[Any]) -> None:
+        clock, costs = self.sim.clock, self.sim.costs
+        for assign in assignments:
+            message = GroupAssigned(group=assign.group, answers_request=assign.answers_request)
+            clock.after(costs.latency(0, assign.rank), self.workers[assign.rank].receive, message)
+        if self.ready_wait is not None:
+            self._timer += 1
+            if self.core.waiting:
+                clock.after(self.ready_wait, self._expired, self._timer)
+
+
+class PragueWorker(SimWorker):
+    def __init__(self, sim: Simulation, rank: int, rendezvous: Rendezvous,
+                 gg: GroupGeneratorService | None, stop: StaticStop | None,
+                 period: list[Any] | None = None) -> None:
+        super().__init__(sim, rank)
+        self.rendezvous, self.gg, self.stop, self.period = rendezvous, gg, stop, period
+        self.core = PragueWorkerCore(rank, sim.world)
+        self._static_groups: dict[int, tuple[int, ...]] = {}
+        """This worker's group at each place of the period (`static_group` is pure)."""
+        self._pending: list[Any] = []
+        self._groups: list[list[int]] = []
+        self._step = 1
+
+    def start(self) -> None:
+        self.compute(1, self._stepped, 1)
+
+    def _stepped(self, iteration: int) -> None:
+        math = self.sim.math
+        if math is not None:
+            math.gradient(self.rank)
+            math.step(self.rank)
+        wants_stop = self.sim.wants_stop(iteration)
+        if self.gg is None:
+            self._static(iteration, wants_stop)
+        else:
+            self._run(self.core.handle(StepFinished(iteration=iteration, last=wants_stop)))
+
+    # --- random groups ---------------------------------------------------------------------
+    def receive(self, message: GroupAssigned) -> None:
+        self._run(self.core.handle(message))
+
+    def _run(self, decisions: list[Any]) -> None:
+        sim = self.sim
+        while decisions:
+            decision, *decisions = decisions
+            if isinstance(decision, RequestGroup):
+                assert self.gg is not None
+                event = GroupRequested(rank=self.rank, iteration=decision.iteration,
+                                       last=decision.last)
+                sim.clock.after(sim.costs.latency(self.rank, 0), self.gg.receive, event)
+                self.block("the Group Generator's answer")
+            elif isinstance(decision, RunPReduce):
+                group = decision.group
+                self._groups.append([group.id, *group.members])
+                if len(group.members) > 1:
+                    self._pending = decisions
+                    self.block(f"the P-Reduce of group {group.id} {list(group.members)}")
+                    self.rendezvous.join(group.id, group.members, self)
+                    return
+                decisions += self._finished(group)
+            elif isinstance(decision, StartStep):
+                self._end_step()
+                self.compute(decision.iteration, self._stepped, decision.iteration)
+            elif isinstance(decision, Leave):
+                self._end_step()
+                self.finish()
+
+    def preduced(self, key: object) -> None:
+        if self.gg is None:
+            self._static_done(key)
+            return
+        group_id = key
+        assert isinstance(group_id, int)
+        decisions, self._pending = self._pending, []
+        group = Group(id=group_id, members=(self.rank,))  # only the id is used below
+        self._run(decisions + self._finished(group))
+
+    def _finished(self, group: Group) -> list[Any]:
+        assert self.gg is not None
+        sim = self.sim
+        event = GroupFinished(group_id=group.id, rank=self.rank)
+        sim.clock.after(sim.costs.latency(self.rank, 0), self.gg.receive, event)
+        return self.core.handle(PReduceFinished(group_id=group.id))
+
+    def _end_step(self) -> None:
+        self.unblock()
+        self.end_iteration(groups=self._groups)
+        self._groups = []
+
+    # --- the static schedule ---------------------------------------------------------------
+    def _static(self, iteration: int, wants_stop: bool) -> None:
+        stop = self.stop
+        assert stop is not None
+        proposal = stop.proposal(iteration, wants_stop)
+        shared = self.sim.services
+        if proposal is not None:
+            stop.learn(shared.setdefault("static_stop", proposal), iteration)
+        elif stop.needs_news(iteration) and "static_stop" in shared:
+            stop.learn(shared["static_stop"], iteration)
+        assert self.period is not None
+        place = iteration % len(self.period)
+        members = self._static_groups.get(place)
+        if members is None:
+            members = self._static_groups[place] = static_group(self.period, iteration,
+                                                                self.rank)
+        self._groups.append([iteration, *members])
+        self._step = iteration
+        if len(members) == 1:
+            self._static_done((iteration, members))
+            return
+        self.block(f"the P-Reduce of step {iteration} with {list(members)}")
+        self.rendezvous.join((iteration, members), members, self)
+
+    def _static_done(self, key: Any) -> None:
+        assert self.stop is not None
+        self._end_step()
+        if self.stop.stops_after(self._step):
+            self.finish()
+        else:
+            self.compute(self._step + 1, self._stepped, self._step + 1)
+
+
+def build_workers(sim: Simulation) -> list[SimWorker]:
+    config = sim.config
+    rendezvous = Rendezvous(sim)
+    if config.schedule == "static":
+        period = static_schedule(sim.world, config.workers_per_node)
+        lead = len(period) * sim.world
+        return [PragueWorker(sim, r, rendezvous, None, StaticStop(lead, config.max_iterations),
+                             period) for r in range(sim.world)]
+    gg = GroupGeneratorService(sim, make_group_generator(config))
+    workers = [PragueWorker(sim, r, rendezvous, gg, None) for r in range(sim.world)]
+    gg.workers = workers
+    return list(workers)

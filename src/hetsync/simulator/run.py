@@ -1,0 +1,172 @@
+"""`hetsync simulate`: a run on the virtual clock, written as a real run's directory.
+
+The run directory has the files of a real run (docs/run-directory.md): `config.json`,
+`workers/rank{r}.jsonl`, `eval.jsonl` (with `--math`), `summary.json`, plus
+`simulation.json`, which says the run was simulated, what was modelled, and how long the
+simulation itself took. `hetsync report` therefore shows simulated and real runs side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError, Deadlock
+from hetsync.launch.launcher import RunLock, RunResult, default_out, prepare_run_dir
+from hetsync.metrics.summary import summarize_rows, write_summary
+from hetsync.network.emulator import model_bytes
+from hetsync.network.spec import parse_payload
+from hetsync.simulator.costs import LOCAL_NETWORK, SERVICE_S, Costs
+from hetsync.simulator.math import MathModel
+from hetsync.simulator.protocols import builder
+from hetsync.simulator.world import Simulation
+from hetsync.workloads import get_workload
+
+__all__ = ["SimOptions", "build", "simulate"]
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """What `simulate` adds to a run's options."""
+
+    math: bool = False
+    """Run every worker's real numerical updates (`MathModel`), not timing only."""
+    gg_service_us: float = SERVICE_S["group-generator"] * 1e6
+    ps_service_us: float = SERVICE_S["parameter-server"] * 1e6
+    progress: bool = True
+
+
+def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
+    """A ready-to-run simulation of a validated, resolved `config`."""
+    if not config.step_time:
+        raise ConfigError("hetsync simulate needs --step-time MS: the compute time of one "
+                          "iteration is what the simulator charges")
+    if config.script:
+        raise ConfigError("hetsync simulate runs the built-in workloads, not a script")
+    declared = parse_payload(config.payload)
+    payload = float(declared if declared is not None
+                    else model_bytes(get_workload(config.workload).build_model()))
+    costs = Costs.build(config.step_time, config.slowdown_spec(), config.network,
+                        config.workers, payload)
+    sim = Simulation(config, costs, math=MathModel(config) if options.math else None)
+    sim.service_s = {"group-generator": options.gg_service_us * 1e-6,
+                     "parameter-server": options.ps_service_us * 1e-6}
+    sim.workers = builder(config.protocol)(sim)
+    return sim
+
+
+def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult:
+    """Simulate `config`; raise ConfigError before starting, `Deadlock` if it cannot finish.
+    The run directory gets its summary however the simulation ends."""
+    config = config.validate().resolved()
+    run_dir = Path(config.out) if config.out else default_out(config)
+    with RunLock(run_dir):
+        prepare_run_dir(config, run_dir)
+        began = time.perf_counter()
+        sim = build(config, options)
+        evals: list[dict[str, Any]] = []
+        stop_reason = None
+        try:
+            _run(sim, evals, options.progress)
+        except Deadlock as error:
+            stop_reason = f"failed: {error}"
+            raise
+        finally:
+            if sim.math is not None:
+                evals.append(_evaluation(sim, "final"))
+            elapsed = time.perf_counter() - began
+            _write(run_dir, sim, evals, stop_reason, elapsed, options)
+    return RunResult(run_dir, json.loads((run_dir / "summary.json").read_text()))
+
+
+def _run(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> None:
+    config, clock = sim.config, sim.clock
+    for worker in sim.workers:
+        clock.at(0.0, worker.start)
+    if sim.math is not None:
+        clock.at(0.0, _evaluate, sim, evals)
+    horizon = (config.max_time or math.inf) + config.hang_timeout
+    total = config.max_time if config.max_time is not None else float(config.max_iterations or 1)
+    bar = tqdm(total=total, unit="s" if config.max_time is not None else "it",
+               desc=f"simulating {config.label}", leave=False, disable=not progress,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} {unit}")
+    step = (config.max_time or (config.max_iterations or 1) * config.step_time / 1000) / 100
+    until = 0.0
+    try:
+        while True:
+            until = min(until + step, horizon)
+            if clock.run(until=until):
+                break
+            done = until if config.max_time is not None else min(w.iteration for w in sim.workers)
+            bar.update(done - bar.n)
+            if until >= horizon:
+                raise Deadlock(f"the run did not end {config.hang_timeout:g} simulated s "
+                               f"after --max-time: " + _stuck(sim))
+    finally:
+        bar.close()
+    sim.check_finished()
+
+
+def _stuck(sim: Simulation) -> str:
+    stuck = [w for w in sim.workers if not w.done]
+    return "; ".join(f"rank {w.rank} waits for {w.waiting_for or 'nothing it can name'}"
+                     for w in stuck[:8]) + (f" (and {len(stuck) - 8} more)" if len(stuck) > 8
+                                            else "")
+
+
+def _evaluate(sim: Simulation, evals: list[dict[str, Any]]) -> None:
+    """The consensus model every `--eval-every` simulated seconds, while anything else runs."""
+    row = _evaluation(sim, "consensus")
+    evals.append(row)
+    config = sim.config
+    if config.target_loss is not None and row["loss"] <= config.target_loss and (
+            config.stop_at_target):
+        sim.target_reached = True
+    if sim.clock.pending:
+        sim.clock.after(config.eval_every, _evaluate, sim, evals)
+
+
+def _evaluation(sim: Simulation, model: str) -> dict[str, Any]:
+    assert sim.math is not None
+    loss, accuracy = sim.math.evaluate()
+    return {"t": sim.clock.now, "model": model, "loss": loss, "accuracy": accuracy,
+            "iterations": [w.iteration for w in sim.workers],
+            "consensus_distance": sim.math.consensus_distance()}
+
+
+def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
+           stop_reason: str | None, elapsed: float, options: SimOptions) -> None:
+    workers_dir = run_dir / "workers"
+    workers_dir.mkdir(exist_ok=True)
+    dumps = json.JSONEncoder(separators=(", ", ": ")).encode
+    for worker in sim.workers:
+        lines = [dumps(row) for row in worker.rows]
+        (workers_dir / f"rank{worker.rank}.jsonl").write_text(
+            "\n".join(lines) + ("\n" if lines else ""))
+    if evals:
+        (run_dir / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+    config = sim.config
+    summary = summarize_rows([w.rows for w in sim.workers], evals, config, stop_reason)
+    summary["engine"] = "simulator" + (" (math)" if sim.math is not None else "")
+    write_summary(run_dir, summary)
+    services = {name: {"served": s.served, "busy_fraction": round(
+        s.busy_s / sim.clock.now, 4) if sim.clock.now else 0.0, "service_s": s.service_s}
+        for name, s in sim.services.items() if hasattr(s, "served")}
+    simulation = {
+        "engine": "simulator", "math": options.math,
+        "modelled": {"compute": f"--step-time {config.step_time} ms x --slowdown "
+                                f"{config.slowdown} + {sim.costs.overhead_s * 1e3:g} ms",
+                     "network": config.network if config.network != "none" else
+                     f"{LOCAL_NETWORK} (this machine's loopback)",
+                     "payload_bytes": sim.costs.payload_bytes, "services": services},
+        "simulated_s": sim.clock.now, "events": sim.clock.events,
+        "wall_s": round(elapsed, 3),
+    }
+    (run_dir / "simulation.json").write_text(json.dumps(simulation, indent=2) + "\n")

@@ -1,0 +1,124 @@
+"""What every simulated protocol shares: the clock, the costs, the stop rules and the records.
+
+A protocol's simulation (`hetsync.simulator.protocols`) builds one `SimWorker` per rank around
+the protocol's cores and turns their decisions into timed callbacks; this module keeps each
+worker's per-iteration row in the format real workers log (docs/run-directory.md), so that
+`hetsync report` reads simulated and real runs alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hetsync.config import RunConfig
+from hetsync.errors import Deadlock
+from hetsync.simulator.clock import Clock
+from hetsync.simulator.costs import SERVICE_S, Costs
+
+if TYPE_CHECKING:
+    from hetsync.simulator.math import MathModel
+
+__all__ = ["SimWorker", "Simulation"]
+
+
+@dataclass
+class Simulation:
+    """One simulated run: its options, clock, costs and (with `--math`) the workers' models."""
+
+    config: RunConfig
+    costs: Costs
+    clock: Clock = field(default_factory=Clock)
+    math: MathModel | None = None
+    workers: list[SimWorker] = field(default_factory=list)
+    target_reached: bool = False
+    """Set when the consensus model reaches the target (`--math` with `--stop-at-target`)."""
+    service_s: dict[str, float] = field(default_factory=lambda: dict(SERVICE_S))
+    """Seconds per request of each central service (`costs.SERVICE_S`, or `simulate`'s)."""
+    services: dict[str, Any] = field(default_factory=dict)
+    """Central services (name -> `Server`), for their load figures in simulation.json."""
+
+    def __post_init__(self) -> None:
+        self.max_iterations = self.config.max_iterations
+        self.max_time = self.config.max_time
+
+    @property
+    def world(self) -> int:
+        return self.config.workers
+
+    def wants_stop(self, iteration: int) -> bool:
+        """A worker's own stop conditions, after computing `iteration` (as `Step.wants_stop`)."""
+        return ((self.max_iterations is not None and iteration >= self.max_iterations)
+                or (self.max_time is not None and self.clock.now >= self.max_time)
+                or self.target_reached)
+
+    def check_finished(self) -> None:
+        """After the event queue ran dry: raise `Deadlock` naming who waits for what."""
+        stuck = [w for w in self.workers if not w.done]
+        if stuck:
+            shown = "; ".join(f"rank {w.rank} at iteration {w.iteration + 1} waits for "
+                              f"{w.waiting_for or 'nothing it can name'}" for w in stuck[:8])
+            more = f" (and {len(stuck) - 8} more)" if len(stuck) > 8 else ""
+            raise Deadlock(f"deadlock at simulated {self.clock.now:.3f} s: {shown}{more}")
+
+
+class SimWorker:
+    """One simulated worker's bookkeeping; a protocol's simulation subclasses it."""
+
+    def __init__(self, sim: Simulation, rank: int) -> None:
+        self.sim = sim
+        self.rank = rank
+        self.iteration = 0
+        """Iterations completed."""
+        self.done = False
+        self.waiting_for = ""
+        """What the worker is blocked on, for a deadlock report ("" while it runs)."""
+        self.rows: list[dict[str, Any]] = []
+        self._blocked_at: float | None = None
+        self._compute_s = self._injected_s = self._wait_s = self._network_s = 0.0
+        self._bytes = 0.0
+
+    def compute(self, iteration: int, then: Any, *args: Any) -> None:
+        """Run the compute of `iteration`, then call `then(*args)`."""
+        seconds, injected = self.sim.costs.compute(self.rank, iteration)
+        self._compute_s += seconds - injected
+        self._injected_s += injected
+        self.sim.clock.after(seconds, then, *args)
+
+    def block(self, waiting_for: str) -> None:
+        """The worker stops making progress until `unblock()`: synchronisation time."""
+        if self._blocked_at is None:
+            self._blocked_at = self.sim.clock.now
+        self.waiting_for = waiting_for
+
+    def unblock(self) -> None:
+        if self._blocked_at is not None:
+            self._wait_s += self.sim.clock.now - self._blocked_at
+            self._blocked_at = None
+        self.waiting_for = ""
+
+    def charge(self, network_s: float = 0.0, nbytes: float = 0.0) -> None:
+        """Count modelled transfer time and bytes sent towards this iteration's row."""
+        self._network_s += network_s
+        self._bytes += nbytes
+
+    def end_iteration(self, **extra: Any) -> None:
+        """Iteration `self.iteration + 1` is complete: log its row."""
+        self.iteration += 1
+        row = {"t": self.sim.clock.now, "iteration": self.iteration,
+               "compute_s": self._compute_s, "injected_delay_s": self._injected_s,
+               "sync_wait_s": self._wait_s, "network_s": self._network_s,
+               "bytes_sent": int(self._bytes)}
+        math = self.sim.math
+        if math is not None:
+            row["loss"] = math.last_loss[self.rank]
+        if extra:
+            row.update(extra)
+        self.rows.append(row)
+        self._compute_s = self._injected_s = self._wait_s = self._network_s = 0.0
+        self._bytes = 0.0
+
+    def finish(self) -> None:
+        """The worker left the run."""
+        self.done = True
+        self.waiting_for = ""
