@@ -398,7 +398,10 @@ class HopCore:
         """Free updates no iteration from now on can use: older than the staleness window,
         or superseded by a fresher one that is not from the future."""
         k, drops = self.iteration, []
+        low = k - self.config.staleness
         for j, tags in self.held.items():
+            if not tags or (tags[0] >= low and (len(tags) == 1 or tags[1] > k)):
+                continue  # none stale, at most one in the window (tags increase): O(1)
             keep = [t for t in tags if t > k]
             current = [t for t in tags if k - self.config.staleness <= t <= k]
             keep = current[-1:] + keep

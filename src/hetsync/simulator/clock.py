@@ -28,7 +28,8 @@ class Clock:
 
     def at(self, when: float, action: Callable[..., Any], *args: Any) -> None:
         """Run `action(*args)` at simulated time `when` (never before now)."""
-        heapq.heappush(self._heap, (max(when, self.now), next(self._order), action, args))
+        now = self.now
+        heapq.heappush(self._heap, (when if when > now else now, next(self._order), action, args))
 
     def after(self, delay: float, action: Callable[..., Any], *args: Any) -> None:
         self.at(self.now + delay, action, *args)

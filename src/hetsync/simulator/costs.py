@@ -49,6 +49,11 @@ class Costs:
     """What one model (or gradient) weighs on the wire: `--payload`, or the real model's."""
     overhead_s: float = ITERATION_OVERHEAD_S
 
+    def __post_init__(self) -> None:
+        nics = self.network.nics
+        self._uniform = all(nic == nics[0] for nic in nics)
+        self._control = self._control_latency(0, 0)
+
     @classmethod
     def build(cls, step_ms: float, slowdown: SlowdownSpec, network: str, world: int,
               payload_bytes: float) -> Costs:
@@ -63,6 +68,9 @@ class Costs:
 
     def latency(self, src: int, dst: int) -> float:
         """When a control message sent now arrives, relative to now."""
+        return self._control if self._uniform else self._control_latency(src, dst)
+
+    def _control_latency(self, src: int, dst: int) -> float:
         nics = self.network.nics
         a, b = nics[src], nics[dst]
         return CONTROL_BYTES / min(a.egress, b.ingress) + max(a.latency, b.latency)

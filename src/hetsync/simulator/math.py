@@ -50,7 +50,7 @@ class MathModel:
         """Row r: worker r's weight (all but the last entry) and bias (the last)."""
         self.momentum_buffer = torch.zeros_like(self.x)
         self.grad = torch.zeros_like(self.x)
-        self.lr = float(config.lr or workload.lr)
+        self.lr = float(config.lr if config.lr is not None else workload.lr)
         self.momentum = float(config.momentum if config.momentum is not None
                               else workload.momentum)
         self._stepped = [False] * world
@@ -61,7 +61,7 @@ class MathModel:
             Shard(n, r, world, config.seed).batches(data.train_x, data.train_y.float(), batch)
             for r in range(world)]
         self._test_x, self._test_y = data.test_x, data.test_y.float()
-        self.published: dict[tuple[int, int], torch.Tensor] = {}
+        self.published: dict[tuple[int, int], list[Any]] = {}
         self.server: torch.Tensor | None = None
 
     # --- one worker ------------------------------------------------------------------------
@@ -98,9 +98,10 @@ class MathModel:
         index = torch.tensor(members)
         self.grad[index] = self.grad[index].mean(0)
 
-    def publish(self, rank: int, tag: int) -> None:
-        """Keep a copy of `rank`'s model as sent, tagged `tag` (an update in flight)."""
-        self.published[rank, tag] = self.x[rank].clone()
+    def publish(self, rank: int, tag: int, receivers: int) -> None:
+        """Keep a copy of `rank`'s model as sent, tagged `tag`, until each of its `receivers`
+        has dropped it (an update in flight, then in a receiver's queue)."""
+        self.published[rank, tag] = [self.x[rank].clone(), receivers]
 
     def mix(self, rank: int, self_weight: float, weights: Mapping[int, float],
             inputs: Mapping[int, int]) -> None:
@@ -108,11 +109,15 @@ class MathModel:
         row = self.x[rank]
         row.mul_(self_weight)
         for src, tag in inputs.items():
-            row.add_(self.published[src, tag], alpha=weights[src])
+            row.add_(self.published[src, tag][0], alpha=weights[src])
 
     def drop(self, src: int, tags: tuple[int, ...]) -> None:
+        """One receiver is done with `src`'s updates `tags`."""
         for tag in tags:
-            self.published.pop((src, tag), None)
+            entry = self.published[src, tag]
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self.published[src, tag]
 
     # --- evaluation ------------------------------------------------------------------------
     def evaluate(self, rows: Any = None) -> tuple[float, float]:

@@ -8,6 +8,7 @@ simulation itself took. `hetsync report` therefore shows simulated and real runs
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import time
@@ -97,6 +98,7 @@ def _run(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> None:
     bar = tqdm(total=total, unit="s" if config.max_time is not None else "it",
                desc=f"simulating {config.label}", leave=False, disable=not progress,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} {unit}")
+    gc.disable()  # millions of short-lived events: the cyclic collector would rescan them all
     step = (config.max_time or (config.max_iterations or 1) * config.step_time / 1000) / 100
     until = 0.0
     try:
@@ -110,13 +112,14 @@ def _run(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> None:
                 raise Deadlock(f"the run did not end {config.hang_timeout:g} simulated s "
                                f"after --max-time: " + _stuck(sim))
     finally:
+        gc.enable()
         bar.close()
     sim.check_finished()
 
 
 def _stuck(sim: Simulation) -> str:
     stuck = [w for w in sim.workers if not w.done]
-    return "; ".join(f"rank {w.rank} waits for {w.waiting_for or 'nothing it can name'}"
+    return "; ".join(f"rank {w.rank} waits for {w.waiting_for or 'nothing (it is computing)'}"
                      for w in stuck[:8]) + (f" (and {len(stuck) - 8} more)" if len(stuck) > 8
                                             else "")
 

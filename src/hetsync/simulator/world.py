@@ -57,7 +57,7 @@ class Simulation:
         stuck = [w for w in self.workers if not w.done]
         if stuck:
             shown = "; ".join(f"rank {w.rank} at iteration {w.iteration + 1} waits for "
-                              f"{w.waiting_for or 'nothing it can name'}" for w in stuck[:8])
+                              f"{w.waiting_for or 'nothing (it is computing)'}" for w in stuck[:8])
             more = f" (and {len(stuck) - 8} more)" if len(stuck) > 8 else ""
             raise Deadlock(f"deadlock at simulated {self.clock.now:.3f} s: {shown}{more}")
 

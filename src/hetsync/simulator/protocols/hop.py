@@ -81,7 +81,7 @@ class HopWorker(SimWorker):
                 clock.at(arrival, self.peers[dst].receive, event)
             self.charge(nbytes=nbytes * copies)
             if math is not None:
-                math.publish(self.rank, decision.tag)
+                math.publish(self.rank, decision.tag, copies)
         elif isinstance(decision, StartIteration):
             self.unblock()
             self._extra["tag"] = decision.iteration
