@@ -20,6 +20,12 @@ model lock until its partner's reply arrives; its receiver thread then cannot se
 workers that pick each other (or any cycle of them) wait forever. The launcher reports that
 as a deadlock. Workers stop independently; a passive receiver exits once every active
 neighbour has said goodbye.
+
+The decisions (roles, the partner drawn, who holds the model lock, which request is served
+next) are `hetsync.cores.adpsgd.ADPSGDCore`'s. The training thread and the receiver thread
+share the core under one condition variable; the model lock is the core's `holder`, so each
+thread waits on the condition until the core grants it what it needs (its request sent, its
+step, a request to serve).
 """
 
 from __future__ import annotations
@@ -27,12 +33,30 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from hetsync.config import RunConfig
+from hetsync.cores.adpsgd import (
+    ADPSGDCore,
+    ADPSGDState,
+    ByeReceived,
+    ComputeFinished,
+    Decision,
+    Finish,
+    IterationStarted,
+    Leave,
+    LoadAverage,
+    ReplyReceived,
+    RequestReceived,
+    SendBye,
+    Served,
+    ServerDone,
+    StepFinished,
+)
 from hetsync.errors import ConfigError
 from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols import register_protocol
@@ -75,26 +99,21 @@ class ADPSGD(Protocol):
         self.tensors = model_tensors(model)
         self.drift = BufferDrift(model)
         self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
-        naive = config.adpsgd_mode == "naive"
-        self.active = naive or rank % 2 == 1
-        self.passive = naive or rank % 2 == 0
-        neighbours = sorted(set(self.topology.in_peers(rank)) | set(self.topology.out_peers(rank)))
-        self.partners = [j for j in neighbours if naive or j % 2 == 0]
-        self.clients = [j for j in neighbours if naive or j % 2 == 1]
-        self.lock = threading.Lock()
-        self.rng = random.Random(f"adpsgd/{config.seed}/{rank}")
-        self._naive = naive
-        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float, float] | None = (
-            None)
-        """The request in flight: message, reply, its works, when it was posted (time.time())
-        and its modelled transfer time."""
+        neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
+        self.core = ADPSGDCore(rank, neighbours, naive=config.adpsgd_mode == "naive",
+                               rng=random.Random(f"adpsgd/{config.seed}/{rank}"))
+        self.cond = threading.Condition()  # guards the core, shared with the receiver thread
+        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float, float, int] | (
+            None) = None
+        """The request in flight: message, reply, its works, when it was posted (time.time()),
+        its modelled transfer time and the partner."""
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
         # model loaded after building the optimizer must not be averaged before it is loaded,
         # or the load would overwrite the average.
         self._started = threading.Event()
-        if self.passive and self.clients:
+        if self.core.passive and self.core.clients:
             self._server = threading.Thread(target=self._serve, name="adpsgd-passive", daemon=True)
             self._server.start()
 
@@ -106,12 +125,19 @@ class ADPSGD(Protocol):
         if step.iteration > 1:
             self._request(step)
 
+    def _wait(self, granted: Callable[[], bool]) -> None:
+        """Wait (condition held) until the core has `granted`, or the receiver thread died."""
+        self.cond.wait_for(lambda: granted() or self._server_error is not None)
+        self._raise_server_error()
+
     def _request(self, step: Step) -> None:
-        if not (self.active and self.partners):
+        with self.cond:
+            self.core.handle(IterationStarted(iteration=step.iteration))
+            # naive: the request holds this worker's lock until the reply: wait for it
+            self._wait(lambda: self.core.deferred is None)
+            partner = self.core.awaiting_reply_from
+        if partner is None:  # not active, or no partner
             return
-        partner = self.rng.choice(self.partners)
-        if self._naive:
-            self.lock.acquire()  # held until the reply: what makes the naive version deadlock
         message = self._message(_AVERAGE)
         reply = torch.empty_like(message)
         works = [dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
@@ -122,50 +148,64 @@ class ADPSGD(Protocol):
         if self.network is not None:
             nbytes = self.network.scaled((message.numel() - 1) * message.element_size())
             modelled = self.network.duration(push_pull(self.runtime.rank, partner, nbytes))
-        self._pending = (message, reply, works, time.time(), modelled)
+        self._pending = (message, reply, works, time.time(), modelled, partner)
 
     def before_optimizer_step(self, step: Step) -> None:
         self._started.set()
-        if self._pending is None:
+        if self.core.state is ADPSGDState.IDLE:  # iteration 1: not begun yet
             self._request(step)
         step.begin_sync()
         self._raise_server_error()
+        with self.cond:
+            self.core.handle(ComputeFinished(iteration=step.iteration))
         if self._pending is not None:
-            posted, modelled = self._pending[3:]
+            posted, modelled = self._pending[3:5]
             with step.blocking():
                 self._finish_request()
             if self.network is not None:
                 self.network.hold_until(step, posted + modelled, modelled)
-        if self.passive:
-            self.lock.acquire()  # the optimizer step must not interleave with a served average
+        with self.cond:  # a passive worker's step must not interleave with a served average
+            self._wait(lambda: self.core.state is ADPSGDState.STEPPING)
 
     def after_optimizer_step(self, step: Step) -> None:
-        if self.passive:
-            self.lock.release()
-        step.stop = step.wants_stop
+        with self.cond:
+            decisions = self.core.handle(StepFinished(iteration=step.iteration,
+                                                      wants_stop=step.wants_stop))
+            self.cond.notify_all()  # the lock may be free for a queued request
+        finish = decisions[0]
+        assert isinstance(finish, Finish)
+        step.stop = finish.stop
 
-    def _finish_request(self) -> None:
+    def _finish_request(self) -> list[Decision]:
         """Wait for the partner's average and load it: the partner has already applied it,
-        so not loading it would break the conservation of the sum of the models."""
+        so not loading it would break the conservation of the sum of the models. Returns the
+        core's decisions after the one to load it."""
         assert self._pending is not None
         message, reply, works, *_ = self._pending
         for work in works:
             work.wait()
-        self._load(self.drift.apply(reply[:-1], message))
+        with self.cond:  # loaded before the core lets anyone else at the model
+            load, *decisions = self.core.handle(ReplyReceived(src=self._pending[5]))
+            assert isinstance(load, LoadAverage)
+            self._load(self.drift.apply(reply[:-1], message))
+            self.cond.notify_all()
         self._pending = None
-        if self._naive:
-            self.lock.release()
+        return decisions
 
     def close(self) -> None:
         """Finish a request begun by an iteration that never ran (the script's loop ended
         without the run stopping), say goodbye to every partner, then wait until every
         client has said goodbye."""
         self._started.set()
+        with self.cond:
+            decisions = self.core.handle(Leave())
+            self.cond.notify_all()
         if self._pending is not None:
-            self._finish_request()
-        if self.active:
-            for partner in self.partners:
-                dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG, group=self.group)
+            decisions += self._finish_request()
+        for decision in decisions:
+            if isinstance(decision, SendBye):
+                for partner in decision.to:
+                    dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG, group=self.group)
         if self._server is not None:
             self._server.join()
         self._raise_server_error()
@@ -174,26 +214,36 @@ class ADPSGD(Protocol):
     def _serve(self) -> None:
         try:
             buffer = self._message(_BYE)
-            remaining = len(self.clients)
             nbytes = self.network.scaled((buffer.numel() - 1) * buffer.element_size()) if (
                 self.network is not None) else 0.0
-            while remaining:
+            while True:
                 source = dist.recv(buffer, src=None, tag=_REQUEST_TAG, group=self.group)
                 if buffer[-1] == _BYE:
-                    remaining -= 1
+                    with self.cond:
+                        if ServerDone() in self.core.handle(ByeReceived(src=source)):
+                            return
                     continue
                 self._started.wait()
                 if self.network is not None:  # the request's bytes come in, one at a time
                     self.network.occupy(point_to_point(source, self.runtime.rank, nbytes))
-                with self.lock:
-                    average = (self._flat() + buffer[:-1]) / 2
-                    self._load(average)
+                with self.cond:
+                    self.core.handle(RequestReceived(src=source))
+                    self.cond.notify_all()
+                    self.cond.wait_for(lambda src=source: self.core.serving == src)
+                # the core holds this worker's lock for us: no step or own average meanwhile
+                average = (self._flat() + buffer[:-1]) / 2
+                self._load(average)
+                with self.cond:
+                    self.core.handle(Served(src=source))
+                    self.cond.notify_all()  # the trainer may step or send its request now
                 reply = flatten([average], _AVERAGE)
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 dist.send(reply, source, tag=_REPLY_TAG, group=self.group)
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
-            self._server_error = error
+            with self.cond:
+                self._server_error = error
+                self.cond.notify_all()
 
     def _raise_server_error(self) -> None:
         if self._server_error is not None:

@@ -5,7 +5,8 @@ buffer, divided by the world size and summed with a single `all_reduce`, as DDP'
 communication hook does, so that `allreduce` and `ddp` compute the same parameters. Floating
 buffers (BatchNorm statistics) ride in the same buffer and are averaged: every worker ends
 each iteration with the statistics of all workers' batches (DDP instead broadcasts rank 0's
-at every forward pass, which keeps only rank 0's batches).
+at every forward pass, which keeps only rank 0's batches). The decisions (the divisor, the
+agreed stop) are `hetsync.cores.allreduce.AllReduceWorker`'s.
 """
 
 from __future__ import annotations
@@ -14,16 +15,25 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
+from hetsync.cores.allreduce import AllReduceWorker, Finish, GradientsReady, Reduce, Reduced
 from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
-from hetsync.transport.flat import flatten_with_vote, ring_allreduce_bytes, unflatten_into
+from hetsync.transport.flat import flatten, ring_allreduce_bytes, unflatten_into
+from hetsync.transport.runtime import Runtime
 
 
 @register_protocol("allreduce")
 class AllReduce(Protocol):
     """Synchronous data-parallel SGD with gradients averaged by one all-reduce per step."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        self.core = AllReduceWorker(runtime.rank, runtime.world_size)
 
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
@@ -34,8 +44,11 @@ class AllReduce(Protocol):
         grads = [p.grad for p in params if p.grad is not None]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         world = self.runtime.world_size
-        flat = flatten_with_vote(grads + buffers, step.wants_stop)
-        flat[:-1].div_(world)
+        [reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
+                                                   wants_stop=step.wants_stop))
+        assert isinstance(reduce, Reduce)
+        flat = flatten(grads + buffers, float(reduce.vote))
+        flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
             dist.all_reduce(flat)
@@ -45,7 +58,10 @@ class AllReduce(Protocol):
                                         time.perf_counter() - began)
         with torch.no_grad():
             unflatten_into(flat[:-1], grads + buffers)
-        step.stop = bool(flat[-1] > 0)
+        votes = round(float(flat[-1]))
+        [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=votes))
+        assert isinstance(finish, Finish)
+        step.stop = finish.stop
         step.bytes_sent += ring_allreduce_bytes(flat, world)
 
     def after_optimizer_step(self, step: Step) -> None:

@@ -9,7 +9,8 @@ takes the weighted neighbourhood average and applies the gradient to it:
 the exchange is posted when the iteration starts and runs during forward and backward; it is
 waited for only after the emulated compute. W must be doubly stochastic (`--weights
 metropolis` makes it so on irregular undirected graphs). The stop iteration is agreed by
-flooding it in the messages (hetsync.cores.stop_agreement).
+flooding it in the messages (hetsync.cores.stop_agreement). The decisions (whom to send x_k
+and from whom to wait for it, the weights, the stop) are `hetsync.cores.dpsgd.DPSGDCore`'s.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ import torch.distributed as dist
 from torch import nn
 
 from hetsync.config import RunConfig
-from hetsync.cores.stop_agreement import StopAgreement
+from hetsync.cores.dpsgd import (
+    Average,
+    ComputeFinished,
+    DPSGDCore,
+    Exchange,
+    IterationStarted,
+    ModelReceived,
+    Neighbourhood,
+)
 from hetsync.network.model import Message
 from hetsync.network.patterns import fan_out
 from hetsync.protocols import register_protocol
@@ -32,7 +41,7 @@ from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatte
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
-_Exchange = tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work]]
+_Exchange = tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work], Exchange]
 
 
 def flood_hops(topology: Topology) -> int:
@@ -61,7 +70,8 @@ class DPSGD(Protocol):
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
         self.drift = BufferDrift(model)
-        self.agreement = StopAgreement(flood_hops(self.topology), config.max_iterations)
+        self.core = DPSGDCore(runtime.rank, Neighbourhood.of_topology(self.topology, runtime.rank),
+                              flood_hops(self.topology), config.max_iterations)
         self._exchange: _Exchange | None = None
 
     def begin_iteration(self, step: Step) -> None:
@@ -71,53 +81,53 @@ class DPSGD(Protocol):
             self._post(step)
 
     def _post(self, step: Step) -> _Exchange:
-        rank, k = self.runtime.rank, step.iteration
-        stop_at = self.agreement.stop_at
-        header = [stop_at if math.isfinite(stop_at) else -1.0]
+        [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
+        assert isinstance(exchange, Exchange)
+        header = [exchange.stop_at if math.isfinite(exchange.stop_at) else -1.0]
         if self.network is not None:
             header.append(self.runtime.elapsed())  # when it was posted, for the network model
         send = flatten(self.tensors, *header)
-        received = {j: torch.empty_like(send) for j in self.topology.in_peers(rank, k)}
-        ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in self.topology.out_peers(rank, k)]
+        received = {j: torch.empty_like(send) for j in exchange.receive_from}
+        ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in exchange.send_to]
         ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
         works = dist.batch_isend_irecv(ops) if ops else []
-        sends = len(ops) - len(received)
-        step.bytes_sent += send.numel() * send.element_size() * sends
-        self._exchange = (send, received, works)
+        step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
+        self._exchange = (send, received, works, exchange)
         return self._exchange
 
     def before_optimizer_step(self, step: Step) -> None:
-        send, received, works = self._exchange or self._post(step)
+        send, received, works, exchange = self._exchange or self._post(step)
         step.begin_sync()
-        if step.wants_stop:
-            self.agreement.vote(step.iteration)
+        k = step.iteration
+        decisions = self.core.handle(ComputeFinished(iteration=k, wants_stop=step.wants_stop))
         with step.blocking():
             for work in works:
                 work.wait()
         end = len(send) - (1 if self.network is None else 2)  # model, stop vote[, time posted]
         if self.network is not None:
-            self._charge_network(step, send, end, received)
-        self_weight, weights = self.topology.recv_weights(self.runtime.rank, step.iteration)
-        average = send[:end] * self_weight
+            self._charge_network(step, send, end, exchange, received)
         for j, buf in received.items():
-            average.add_(buf[:end], alpha=weights[j])
-            if buf[end] >= 0:
-                self.agreement.merge(float(buf[end]))
+            stop_at = float(buf[end]) if buf[end] >= 0 else math.inf
+            decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
+        [average_] = decisions
+        assert isinstance(average_, Average)
+        average = send[:end] * average_.self_weight
+        for j, buf in received.items():
+            average.add_(buf[:end], alpha=average_.weights[j])
         with torch.no_grad():
             unflatten_into(self.drift.apply(average, send), self.tensors)
-        step.stop = self.agreement.should_stop(step.iteration)
+        step.stop = average_.stop
         self._exchange = None
 
-    def _charge_network(
-        self, step: Step, send: torch.Tensor, end: int, received: dict[int, torch.Tensor]
-    ) -> None:
+    def _charge_network(self, step: Step, send: torch.Tensor, end: int, exchange: Exchange,
+                        received: dict[int, torch.Tensor]) -> None:
         """The exchange is usable once the last of its messages would have arrived: the model
         (`send[:end]`) sent to the out-peers and received from the in-peers, from the latest
         time one was posted (each message's last value)."""
         assert self.network is not None
         rank = self.runtime.rank
         nbytes = self.network.scaled(end * send.element_size())
-        messages = fan_out(rank, self.topology.out_peers(rank, step.iteration), nbytes)
+        messages = fan_out(rank, exchange.send_to, nbytes)
         messages += [Message(j, rank, nbytes) for j in received]
         posted = max(float(buf[-1]) for buf in [send, *received.values()])
         modelled = self.network.duration(messages)

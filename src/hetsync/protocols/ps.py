@@ -59,6 +59,10 @@ remote rank, and rank 0's `close()` joins it, so no p2p is in flight at SyncOpti
 barrier. A worker that leaves is no longer waited for by sync rounds. No worker waits at
 shutdown with backups either: a late push after the stop round is answered at once, with
 stop.
+
+Every decision (what to add, when to apply with which divisor and learning-rate scale, whom to
+answer with which version, staleness and stop; a worker's version tag and stop) comes from
+`hetsync.cores.ps`: `PSServerCore` on the server thread, `PSWorkerCore` on each worker.
 """
 
 from __future__ import annotations
@@ -71,7 +75,21 @@ import torch.distributed as dist
 from torch import nn
 
 from hetsync.config import RunConfig
-from hetsync.cores.ps_round import Reply, SyncRounds
+from hetsync.cores.ps import (
+    Accumulate,
+    Answer,
+    Apply,
+    Bye,
+    GradientReady,
+    Leave,
+    LoadModel,
+    PSServerCore,
+    PSWorkerCore,
+    Push,
+    ReplyReceived,
+    SendPush,
+    ServerDecision,
+)
 from hetsync.errors import ConfigError
 from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.patterns import point_to_point
@@ -129,8 +147,8 @@ class _Server:
         self.dtype = self.params[0].dtype
         self.size = sum(p.numel() for p in self.params)
         self.buffers = _flat(buffers, self.dtype)
-        self.sync, self.world, self.version = sync, world, 0
-        self.rounds = SyncRounds(world, backup)  # sync mode's bookkeeping
+        self.version = 0
+        self.core = PSServerCore(world, "sync" if sync else "async", backup)
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
@@ -164,7 +182,7 @@ class _Server:
     def close(self) -> None:
         """Rank 0 leaves; wait for every remote worker's BYE."""
         with self.cond:
-            sends = self._leave()
+            sends = self._leave(0)
         self._send(sends)
         if self.thread.is_alive():
             self.thread.join()
@@ -181,7 +199,7 @@ class _Server:
                 with self.cond:
                     if buf[0] == _BYE:
                         remote -= 1
-                        sends = self._leave()
+                        sends = self._leave(src)
                     else:
                         sends = self._accept(buf, src)
                 self._send(sends)
@@ -198,33 +216,32 @@ class _Server:
     def _accept(self, msg: torch.Tensor, src: int) -> list[tuple[int, torch.Tensor]]:
         """Take one gradient and buffer change (lock held); return the replies to send to
         remote ranks."""
-        version = int(msg[1])
-        grad, delta = msg[_HEADER:_HEADER + self.size], msg[_HEADER + self.size:]
-        if self.sync:
-            decision = self.rounds.push(src, version, bool(msg[2] > 0))
-            if decision.accept:
-                self.grad_sum.add_(grad)
-                self.delta_sum.add_(delta)
-            return self._answer(decision.reply)
-        staleness = self.version - version
-        # 1/n of a step: a gradient's share of the sync mean (and a buffer change's)
-        self._apply(grad, delta / self.world, lr_scale=1.0 / self.world)
-        return self._deliver([src], staleness, stop=False)
+        push = Push(rank=src, version=int(msg[1]), vote=bool(msg[2] > 0))
+        return self._execute(self.core.handle(push), msg)
 
-    def _leave(self) -> list[tuple[int, torch.Tensor]]:
-        """A worker left (lock held): sync rounds stop waiting for it."""
-        return self._answer(self.rounds.leave()) if self.sync else []
+    def _leave(self, rank: int) -> list[tuple[int, torch.Tensor]]:
+        """`rank` left (lock held): sync rounds stop waiting for it."""
+        return self._execute(self.core.handle(Bye(rank=rank)), None)
 
-    def _answer(self, reply: Reply | None) -> list[tuple[int, torch.Tensor]]:
-        """Sync: apply the round's means if it closed, then answer (lock held)."""
-        if reply is None:
-            return []
-        if reply.applied:
-            self._apply(self.grad_sum.div_(reply.applied), self.delta_sum.div_(reply.applied))
-            self.grad_sum.zero_()
-            self.delta_sum.zero_()
-        assert self.version == reply.version
-        return self._deliver(list(reply.ranks), reply.staleness, reply.stop)
+    def _execute(self, decisions: list[ServerDecision],
+                 msg: torch.Tensor | None) -> list[tuple[int, torch.Tensor]]:
+        """Carry out the core's decisions about `msg`, the push they answer (lock held);
+        return the replies to send to remote ranks."""
+        sends: list[tuple[int, torch.Tensor]] = []
+        for decision in decisions:
+            if isinstance(decision, Accumulate):
+                assert msg is not None
+                self.grad_sum.add_(msg[_HEADER:_HEADER + self.size])
+                self.delta_sum.add_(msg[_HEADER + self.size:])
+            elif isinstance(decision, Apply):
+                self._apply(self.grad_sum.div_(decision.divisor),
+                            self.delta_sum.div_(decision.buffer_divisor), decision.lr_scale)
+                self.grad_sum.zero_()
+                self.delta_sum.zero_()
+                assert self.version == decision.version
+            elif isinstance(decision, Answer):
+                sends += self._deliver(decision)
+        return sends
 
     def _apply(self, grad: torch.Tensor, delta: torch.Tensor, lr_scale: float = 1.0) -> None:
         groups = self.source.param_groups
@@ -238,14 +255,14 @@ class _Server:
         self.buffers.add_(delta)
         self.version += 1
 
-    def _deliver(self, ranks: list[int], staleness: int,
-                 stop: bool) -> list[tuple[int, torch.Tensor]]:
-        header = torch.tensor([self.version, staleness, float(stop)], dtype=self.dtype)
+    def _deliver(self, answer: Answer) -> list[tuple[int, torch.Tensor]]:
+        header = torch.tensor([answer.version, answer.staleness, float(answer.stop)],
+                              dtype=self.dtype)
         reply = _flat([header, *self.params, self.buffers], self.dtype)
-        if 0 in ranks:
+        if 0 in answer.ranks:
             self.local_reply = reply
             self.cond.notify_all()
-        return [(rank, reply) for rank in ranks if rank != 0]
+        return [(rank, reply) for rank in answer.ranks if rank != 0]
 
     def _model_bytes(self, message: torch.Tensor) -> float:
         """A push's or reply's size as declared (`--payload`): all but its header."""
@@ -282,9 +299,9 @@ class ParameterServer(Protocol):
         self.group = runtime.host_group  # the server receives from any source: gloo
         self.sync = runtime.config.ps_mode == "sync"
         self.backup = runtime.config.ps_backup
+        self.core = PSWorkerCore(runtime.rank, runtime.config.ps_mode, self.backup)
         self.params = [p for group in _trainable(optimizer) for p in group]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
-        self.version = 0
         self.dtype = self.params[0].dtype
         self.loaded = _flat(self.buffers, self.dtype)  # as last loaded from the server
         size = _HEADER + sum(p.numel() for p in self.params) + self.loaded.numel()
@@ -298,8 +315,10 @@ class ParameterServer(Protocol):
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        vote = float(step.wants_stop)
-        header = torch.tensor([_PUSH, self.version, vote], dtype=self.dtype)
+        [push] = self.core.handle(GradientReady(iteration=step.iteration,
+                                                wants_stop=step.wants_stop))
+        assert isinstance(push, SendPush)
+        header = torch.tensor([_PUSH, push.version, float(push.vote)], dtype=self.dtype)
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
         msg = _flat([header, *grads, delta], self.dtype)
         with step.blocking():
@@ -314,11 +333,13 @@ class ParameterServer(Protocol):
             unflatten_into(reply[_HEADER:split], self.params)
             unflatten_into(reply[split:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)
-        self.version = int(reply[0])
-        step.extra["staleness"] = float(reply[1])
-        if self.backup:  # sync: a stale gradient is one its round closed without
-            step.extra["dropped"] = float(reply[1] > 0)
-        step.stop = bool(reply[2] > 0) if self.sync else step.wants_stop
+        [load] = self.core.handle(ReplyReceived(version=int(reply[0]), staleness=int(reply[1]),
+                                                stop=bool(reply[2] > 0)))
+        assert isinstance(load, LoadModel)
+        step.extra["staleness"] = float(load.staleness)
+        if load.dropped is not None:  # sync with backups: its round closed without it
+            step.extra["dropped"] = float(load.dropped)
+        step.stop = load.stop
         step.skip_optimizer_step = True
         if self.server is not None:  # rank 0's own push is local: count what the server sent
             step.bytes_sent += self.server.take_bytes_sent()
@@ -329,6 +350,7 @@ class ParameterServer(Protocol):
         """Nothing to do: the server applied the update and the stop was decided above."""
 
     def close(self) -> None:
+        self.core.handle(Leave())  # -> SendBye; rank 0 leaves the server directly
         if self.server is not None:
             self.server.close()
         else:

@@ -1,0 +1,352 @@
+"""One AD-PSGD worker's decisions (Lian et al., ICML 2018): roles, partners, its model lock; no I/O.
+
+Theory of operation. Roles: on a bipartite graph odd ranks are *active* and even ranks
+*passive*; in `naive` mode every worker is both. Each iteration an active worker picks a
+partner uniformly among its passive neighbours, from the injected `random.Random` (one
+`choice` per iteration, as the real driver has always drawn), sends it its model
+(`SendRequest`) and computes its gradient meanwhile; once both the gradient and the partner's
+reply are in, it loads the average the reply carries (`LoadAverage`), then applies its gradient
+(`Step`). A passive worker serves its clients' (active neighbours') requests one at a time in
+arrival order (`Serve`: x <- (x + x_client) / 2, reply with it; then `Served`).
+
+Every passive worker has one *model lock*. Serving a request holds it, and so does a passive
+worker's own optimizer step, so the two never interleave. An active-only worker never takes a
+lock, and a passive server never waits for anyone while it serves, so the wait-for graph only
+has edges from active to passive workers: no cycle, no deadlock. In `naive` mode an active
+worker must also hold its own lock from sending its request until it has loaded the reply (or
+its averaging would not be atomic); while it holds it, it cannot serve. Two workers that pick
+each other (or any cycle) then wait forever: `awaiting_reply_from`, `holder` and `queued`
+expose exactly that, so a simulator sees the cycle instead of spinning. When the lock frees,
+the trainer's own step or deferred request goes first, then the oldest queued request.
+
+Leaving: `Leave` (after the last step, or with an iteration begun and never finished, whose
+request is then completed first) -> `SendBye` to every partner. A passive worker's serving ends
+(`ServerDone`) once every client has said goodbye. Decisions are returned to whoever fed the
+event; some are for the other side of the same worker (a `Served` may grant the trainer's
+`Step`, a `StepFinished` the next `Serve`). Each event costs O(1).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+
+__all__ = [
+    "ADPSGDCore", "ADPSGDState", "ByeReceived", "ComputeFinished", "Finish", "Holder",
+    "IterationStarted", "Leave", "LoadAverage", "ReplyReceived", "RequestReceived", "SendBye",
+    "SendRequest", "Serve", "Served", "ServerDone", "Step", "StepFinished", "roles",
+]
+
+_frozen = {"frozen": True, "slots": True, "kw_only": True}
+
+
+def roles(rank: int, neighbours: Sequence[int], naive: bool
+          ) -> tuple[bool, bool, tuple[int, ...], tuple[int, ...]]:
+    """(active, passive, partners, clients) of `rank`: odd ranks are active and send to their
+    even neighbours, even ranks passive and serve their odd ones; naive: all of both."""
+    ranks = sorted(set(neighbours))
+    return (naive or rank % 2 == 1, naive or rank % 2 == 0,
+            tuple(j for j in ranks if naive or j % 2 == 0),
+            tuple(j for j in ranks if naive or j % 2 == 1))
+
+
+# --- events in: the trainer's ------------------------------------------------------------------
+@dataclass(**_frozen)
+class IterationStarted:
+    """Iteration `iteration` begins (its gradient is computed on the current model)."""
+
+    iteration: int
+
+
+@dataclass(**_frozen)
+class ComputeFinished:
+    """The gradient of `iteration` is computed; the worker wants to step."""
+
+    iteration: int
+
+
+@dataclass(**_frozen)
+class ReplyReceived:
+    """The partner `src` answered this worker's request with the average."""
+
+    src: int
+
+
+@dataclass(**_frozen)
+class StepFinished:
+    """The optimizer step of `iteration` is done; `wants_stop`: this worker's stop conditions."""
+
+    iteration: int
+    wants_stop: bool
+
+
+@dataclass(**_frozen)
+class Leave:
+    """The worker leaves the run."""
+
+
+# --- events in: the server's -------------------------------------------------------------------
+@dataclass(**_frozen)
+class RequestReceived:
+    """Client `src` asks to average with this worker."""
+
+    src: int
+
+
+@dataclass(**_frozen)
+class Served:
+    """The average with `src` is loaded (its reply may now be sent); the lock is free again."""
+
+    src: int
+
+
+@dataclass(**_frozen)
+class ByeReceived:
+    """Client `src` left: it sends no more requests."""
+
+    src: int
+
+
+# --- decisions out -----------------------------------------------------------------------------
+@dataclass(**_frozen)
+class SendRequest:
+    """Send the model to `partner` and wait for its reply (naive: holding the own lock)."""
+
+    partner: int
+    iteration: int
+
+
+@dataclass(**_frozen)
+class LoadAverage:
+    """Load the average `partner`'s reply carries."""
+
+    partner: int
+
+
+@dataclass(**_frozen)
+class Step:
+    """Run the optimizer step of `iteration` (a passive worker holds its lock for it)."""
+
+    iteration: int
+
+
+@dataclass(**_frozen)
+class Finish:
+    """`iteration` is done; this worker stops after it if `stop`."""
+
+    iteration: int
+    stop: bool
+
+
+@dataclass(**_frozen)
+class Serve:
+    """Average with `client`'s model under the lock, load it, feed `Served`, then reply."""
+
+    client: int
+
+
+@dataclass(**_frozen)
+class SendBye:
+    """Tell `to` (every partner) this worker left."""
+
+    to: tuple[int, ...]
+
+
+@dataclass(**_frozen)
+class ServerDone:
+    """Every client said goodbye: nothing more will be served."""
+
+
+Event = (IterationStarted | ComputeFinished | ReplyReceived | StepFinished | Leave
+         | RequestReceived | Served | ByeReceived)
+Decision = SendRequest | LoadAverage | Step | Finish | Serve | SendBye | ServerDone
+
+
+class ADPSGDState(Enum):
+    """The trainer's state (serving goes on in every state but ERROR)."""
+
+    IDLE = "idle"  # between iterations
+    COMPUTING = "computing"  # iteration started; its request (if any) sent or deferred
+    FINISHING = "finishing"  # gradient computed; waiting for the reply or the lock
+    STEPPING = "stepping"  # the optimizer step runs
+    STOPPED = "stopped"  # its stop conditions held; only Leave remains
+    LEAVING = "leaving"  # left with a request in flight; waiting for its reply
+    DONE = "done"  # left
+    ERROR = "error"  # a misuse or a broken invariant; every call raises
+
+
+class Holder(Enum):
+    """Who holds this worker's model lock."""
+
+    FREE = "free"
+    REQUEST = "request"  # naive: its own request, until the reply is loaded
+    SERVE = "serve"  # serving a client
+    STEP = "step"  # its own optimizer step
+
+
+class ADPSGDCore:
+    """One AD-PSGD worker's state machine (see the module doc)."""
+
+    def __init__(self, rank: int, neighbours: Sequence[int], naive: bool,
+                 rng: random.Random) -> None:
+        self.rank, self.naive, self.rng = rank, naive, rng
+        self.active, self.passive, self.partners, self.clients = roles(rank, neighbours, naive)
+        self._client_set = frozenset(self.clients)
+        self.state = ADPSGDState.IDLE
+        self.iteration = 0
+        self.holder = Holder.FREE
+        self.serving: int | None = None
+        self.awaiting_reply_from: int | None = None
+        """The partner whose reply this worker waits for (its request was sent)."""
+        self.deferred: int | None = None
+        """Naive: the partner chosen, the request waiting for the lock."""
+        self._reply_in = False
+        self._queue: deque[int] = deque()
+        self._pending: set[int] = set()  # clients queued or being served
+        self._gone: set[int] = set()  # clients that said goodbye
+        self.remaining_clients = len(self.clients)
+
+    @property
+    def queued(self) -> tuple[int, ...]:
+        """Clients whose requests wait to be served, oldest first."""
+        return tuple(self._queue)
+
+    @property
+    def can_serve(self) -> bool:
+        """Whether a request arriving now would be served at once."""
+        return self.holder is Holder.FREE and not self._queue
+
+    def handle(self, event: Event) -> list[Decision]:
+        if self.state is ADPSGDState.ERROR:
+            raise LocalProtocolError(f"adpsgd rank {self.rank}: core is in ERROR; got {event!r}")
+        try:
+            return self._handle(event)
+        except ProtocolError:
+            self.state = ADPSGDState.ERROR
+            raise
+
+    def _handle(self, event: Event) -> list[Decision]:
+        state = self.state
+        if isinstance(event, IterationStarted):
+            if state is not ADPSGDState.IDLE or event.iteration <= self.iteration:
+                raise self._local(event)
+            self.iteration, self.state = event.iteration, ADPSGDState.COMPUTING
+            if not (self.active and self.partners):
+                return []
+            partner = self.rng.choice(self.partners)
+            if self.naive and self.holder is not Holder.FREE:
+                self.deferred = partner
+                return []
+            return [self._send(partner)]
+        if isinstance(event, ComputeFinished):
+            if state is not ADPSGDState.COMPUTING or event.iteration != self.iteration:
+                raise self._local(event)
+            self.state = ADPSGDState.FINISHING
+            return self._progress()
+        if isinstance(event, ReplyReceived):
+            if event.src != self.awaiting_reply_from or self._reply_in:
+                raise self._remote(event, f"awaiting a reply from {self.awaiting_reply_from}")
+            self._reply_in = True
+            return self._progress()
+        if isinstance(event, StepFinished):
+            if state is not ADPSGDState.STEPPING or event.iteration != self.iteration:
+                raise self._local(event)
+            self.state = ADPSGDState.STOPPED if event.wants_stop else ADPSGDState.IDLE
+            finish: list[Decision] = [Finish(iteration=self.iteration, stop=event.wants_stop)]
+            if self.holder is Holder.STEP:
+                self.holder = Holder.FREE
+                return finish + self._grant()
+            return finish
+        if isinstance(event, Leave):
+            if state not in (ADPSGDState.IDLE, ADPSGDState.COMPUTING, ADPSGDState.STOPPED):
+                raise self._local(event)
+            self.deferred = None  # a naive request never sent is not sent now
+            self.state = ADPSGDState.LEAVING
+            return self._progress()
+        if isinstance(event, RequestReceived):
+            self._check_client(event)
+            self._pending.add(event.src)
+            self._queue.append(event.src)
+            return self._grant() if self.holder is Holder.FREE else []
+        if isinstance(event, Served):
+            if self.holder is not Holder.SERVE or event.src != self.serving:
+                raise self._local(event)
+            self._pending.discard(event.src)
+            self.holder, self.serving = Holder.FREE, None
+            return self._grant()
+        if isinstance(event, ByeReceived):
+            self._check_client(event)
+            self._gone.add(event.src)
+            self.remaining_clients -= 1
+            return [] if self.remaining_clients else [ServerDone()]
+        raise LocalProtocolError(f"adpsgd rank {self.rank}: unknown event {event!r}")
+
+    def _check_client(self, event: RequestReceived | ByeReceived) -> None:
+        src = event.src
+        if src not in self._client_set or src in self._gone or src in self._pending:
+            why = ("not a client" if src not in self._client_set else "it said goodbye"
+                   if src in self._gone else "its last request is unanswered")
+            raise self._remote(event, why)
+
+    def _send(self, partner: int) -> SendRequest:
+        if self.naive:
+            self.holder = Holder.REQUEST
+        self.awaiting_reply_from = partner
+        return SendRequest(partner=partner, iteration=self.iteration)
+
+    def _progress(self) -> list[Decision]:
+        """The trainer's next move in FINISHING or LEAVING: load the reply once both it and
+        the gradient are in, then step (under the lock if passive) or say goodbye."""
+        decisions: list[Decision] = []
+        if self.awaiting_reply_from is not None:
+            if not self._reply_in or self.state not in (ADPSGDState.FINISHING,
+                                                         ADPSGDState.LEAVING):
+                return decisions
+            decisions.append(LoadAverage(partner=self.awaiting_reply_from))
+            self.awaiting_reply_from, self._reply_in = None, False
+            if self.holder is Holder.REQUEST:
+                self.holder = Holder.FREE
+        if self.deferred is not None:  # naive: the lock is busy serving
+            return decisions
+        if self.state is ADPSGDState.LEAVING:
+            self.state = ADPSGDState.DONE
+            if self.active and self.partners:
+                decisions.append(SendBye(to=self.partners))
+            return decisions + (self._grant() if self.holder is Holder.FREE else [])
+        if self.state is ADPSGDState.FINISHING:
+            if not self.passive:
+                self.state = ADPSGDState.STEPPING
+                decisions.append(Step(iteration=self.iteration))
+            elif self.holder is Holder.FREE:
+                decisions += self._grant()
+        return decisions
+
+    def _grant(self) -> list[Decision]:
+        """The lock is free: the trainer's step or deferred request first, then the oldest
+        queued request."""
+        if self.state is ADPSGDState.FINISHING and self.awaiting_reply_from is None \
+                and self.deferred is None and self.passive:
+            self.holder, self.state = Holder.STEP, ADPSGDState.STEPPING
+            return [Step(iteration=self.iteration)]
+        if self.deferred is not None:
+            partner, self.deferred = self.deferred, None
+            return [self._send(partner)]
+        if self._queue:
+            self.holder = Holder.SERVE
+            self.serving = self._queue.popleft()
+            return [Serve(client=self.serving)]
+        return []
+
+    def _local(self, event: object) -> LocalProtocolError:
+        return LocalProtocolError(f"adpsgd rank {self.rank}: cannot take {event!r} in state "
+                                  f"{self.state.name} (iteration {self.iteration}, lock "
+                                  f"{self.holder.name})")
+
+    def _remote(self, event: object, why: str) -> RemoteProtocolError:
+        return RemoteProtocolError(f"adpsgd rank {self.rank} in state {self.state.name}: "
+                                   f"{event!r}: {why}")

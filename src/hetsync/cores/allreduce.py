@@ -1,0 +1,188 @@
+"""All-Reduce's and DDP's decisions: one sum-all-reduce per iteration, the stop vote in it; no I/O.
+
+Theory of operation. Each iteration every worker contributes its gradients divided by the
+world size (`divisor`), plus its stop vote (1 or 0), to one sum-all-reduce. The collective
+completes once every worker has contributed to it; each worker then holds the mean gradient and
+the number of workers that voted. The run stops after the first iteration in which any worker
+voted, so all stop after the same iteration and no extra message is needed. No worker leaves an
+all-reduce run before that agreed stop, so the live workers are always all `world` of them.
+
+Two classes. `AllReduceWorker` is one worker's side: `GradientsReady` -> `Reduce` (what to
+contribute), `Reduced` (the collective's vote count) -> `Finish` (whether to stop).
+`AllReduceRound` is the collective's completion rule, the part gloo or NCCL play in real runs:
+`Contributed` from each worker -> `Completed` once all have. The real drivers use the worker
+side only; a simulator drives both, feeding each worker `Reduced(votes=Completed.votes)`.
+Both cost O(1) per event.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+
+__all__ = [
+    "AllReduceRound", "AllReduceState", "AllReduceWorker", "Completed", "Contributed", "Finish",
+    "GradientsReady", "Reduce", "Reduced",
+]
+
+_frozen = {"frozen": True, "slots": True, "kw_only": True}
+
+
+# --- the worker's events and decisions ---------------------------------------------------------
+@dataclass(**_frozen)
+class GradientsReady:
+    """The gradients of `iteration` are computed; `wants_stop`: this worker's stop conditions."""
+
+    iteration: int
+    wants_stop: bool
+
+
+@dataclass(**_frozen)
+class Reduced:
+    """The collective of `iteration` completed; `votes` workers voted to stop."""
+
+    iteration: int
+    votes: int
+
+
+@dataclass(**_frozen)
+class Reduce:
+    """Contribute the gradients divided by `divisor`, and `vote` (1 or 0), to the collective."""
+
+    iteration: int
+    divisor: int
+    vote: int
+
+
+@dataclass(**_frozen)
+class Finish:
+    """`iteration` is done; the run stops after it if `stop`."""
+
+    iteration: int
+    stop: bool
+
+
+# --- the collective's events and decisions -----------------------------------------------------
+@dataclass(**_frozen)
+class Contributed:
+    """`rank` contributed to the collective of `iteration` with `vote` (a `Reduce`'s)."""
+
+    rank: int
+    iteration: int
+    vote: int
+
+
+@dataclass(**_frozen)
+class Completed:
+    """Every worker contributed to `iteration`: the sum exists; `votes` voted to stop."""
+
+    iteration: int
+    votes: int
+    stop: bool
+
+
+class AllReduceState(Enum):
+    IDLE = "idle"  # between iterations (worker), or waiting for contributions (round)
+    REDUCING = "reducing"  # the worker contributed; waiting for the collective
+    DONE = "done"  # the agreed stop passed; every call raises
+    ERROR = "error"  # a misuse or a broken invariant; every call raises
+
+
+class AllReduceWorker:
+    """One worker's all-reduce decisions (see the module doc)."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        if not 0 <= rank < world:
+            raise ValueError(f"Arg `rank` must be in 0..{world - 1} (got {rank})")
+        self.rank, self.world = rank, world
+        self.state = AllReduceState.IDLE
+        self.iteration = 0
+        """The iteration reducing, or the last finished."""
+
+    @property
+    def divisor(self) -> int:
+        """What each worker divides its gradients by: the sum is then their mean."""
+        return self.world
+
+    def handle(self, event: GradientsReady | Reduced) -> list[Reduce | Finish]:
+        if self.state in (AllReduceState.ERROR, AllReduceState.DONE):
+            raise LocalProtocolError(f"allreduce rank {self.rank}: core is in "
+                                     f"{self.state.name}; got {event!r}")
+        try:
+            return self._handle(event)
+        except ProtocolError:
+            self.state = AllReduceState.ERROR
+            raise
+
+    def _handle(self, event: GradientsReady | Reduced) -> list[Reduce | Finish]:
+        if isinstance(event, GradientsReady):
+            if self.state is not AllReduceState.IDLE or event.iteration <= self.iteration:
+                raise self._local(event)
+            self.iteration = event.iteration
+            self.state = AllReduceState.REDUCING
+            return [Reduce(iteration=event.iteration, divisor=self.world,
+                           vote=1 if event.wants_stop else 0)]
+        if isinstance(event, Reduced):
+            if self.state is not AllReduceState.REDUCING or event.iteration != self.iteration:
+                raise self._local(event)
+            if not 0 <= event.votes <= self.world:
+                raise RemoteProtocolError(f"allreduce rank {self.rank}: {event!r}: votes must "
+                                          f"be in 0..{self.world}")
+            stop = event.votes > 0
+            self.state = AllReduceState.DONE if stop else AllReduceState.IDLE
+            return [Finish(iteration=event.iteration, stop=stop)]
+        raise LocalProtocolError(f"allreduce rank {self.rank}: unknown event {event!r}")
+
+    def _local(self, event: object) -> LocalProtocolError:
+        return LocalProtocolError(f"allreduce rank {self.rank}: cannot take {event!r} in state "
+                                  f"{self.state.name} (iteration {self.iteration})")
+
+
+class AllReduceRound:
+    """When each iteration's collective completes, across all workers (see the module doc)."""
+
+    def __init__(self, world: int) -> None:
+        if world < 1:
+            raise ValueError(f"Arg `world` must be >= 1 (got {world})")
+        self.world = world
+        self.state = AllReduceState.IDLE
+        self.iteration: int | None = None
+        """The iteration collecting contributions (None before the first)."""
+        self.count = self.votes = 0
+        self._last = [0] * world  # the iteration each rank last contributed to
+
+    def handle(self, event: Contributed) -> list[Completed]:
+        if self.state in (AllReduceState.ERROR, AllReduceState.DONE):
+            raise LocalProtocolError(f"allreduce round: core is in {self.state.name}; "
+                                     f"got {event!r}")
+        try:
+            return self._handle(event)
+        except ProtocolError:
+            self.state = AllReduceState.ERROR
+            raise
+
+    def _handle(self, event: Contributed) -> list[Completed]:
+        if not isinstance(event, Contributed):
+            raise LocalProtocolError(f"allreduce round: unknown event {event!r}")
+        rank, k = event.rank, event.iteration
+        if not 0 <= rank < self.world:
+            raise RemoteProtocolError(f"allreduce round: {event!r}: no such rank")
+        if self.iteration is None:
+            self.iteration = k
+        if k != self.iteration or self._last[rank] == k:
+            raise RemoteProtocolError(
+                f"allreduce round: {event!r}: the collective is at iteration {self.iteration}"
+                + (" and this rank already contributed" if self._last[rank] == k else ""))
+        self._last[rank] = k
+        self.count += 1
+        self.votes += event.vote
+        if self.count < self.world:
+            return []
+        done = Completed(iteration=k, votes=self.votes, stop=self.votes > 0)
+        self.count = self.votes = 0
+        self.iteration = k + 1
+        if done.stop:
+            self.state = AllReduceState.DONE
+        return [done]
