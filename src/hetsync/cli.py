@@ -222,6 +222,10 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
                        "(default: each setting's, most have none)")
     bench.add_argument("--payload", help="declared model size for every run, as in `train` "
                        "(default: each setting's)")
+    bench.add_argument("--simulate", action="store_true", default=None, help="run the suite "
+                       "in the simulator (`hetsync simulate`) instead of real processes")
+    bench.add_argument("--math", action="store_true", default=None, help="with --simulate: "
+                       "the workers' real numerical updates too (svm only)")
     bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
                        "--out without redoing its finished runs")
     bench.add_argument("--list", action="store_true", help="list the suites and exit")

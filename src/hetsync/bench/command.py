@@ -19,7 +19,9 @@ def command_line(options: BenchOptions, out: Path) -> str:
     parts = ["hetsync bench"]
     for f in fields(options):
         value = getattr(options, f.name)
-        if value != getattr(defaults, f.name):
+        if value is True:
+            parts.append(f"--{f.name}")
+        elif value != getattr(defaults, f.name):
             parts.append(f"--{f.name.replace('_', '-')} {value:g}" if isinstance(value, float)
                          else f"--{f.name.replace('_', '-')} {value}")
     parts.append(f"--out {out}")

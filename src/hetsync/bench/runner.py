@@ -7,6 +7,7 @@ run that failed is recorded (`failed.txt`), the suite goes on, and `--resume` re
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from dataclasses import asdict, dataclass, fields
@@ -15,9 +16,10 @@ from pathlib import Path
 from hetsync.bench.progress import SuiteProgress
 from hetsync.bench.suites import Setting, Suite, Variant, eval_every, get_suite
 from hetsync.config import RunConfig
-from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.errors import ConfigError, Deadlock, WorkerFailed
 from hetsync.launch.launcher import run as launch
 from hetsync.report.plots import slug
+from hetsync.simulator.run import SimOptions, simulate
 from hetsync.workloads import get_workload
 
 __all__ = ["BenchOptions", "PlannedRun", "plan", "run_suite"]
@@ -45,6 +47,10 @@ class BenchOptions:
     """An emulated network for every run; None: each setting's (most have none)."""
     payload: str | None = None
     """A declared model size for every run; None: each setting's."""
+    simulate: bool = False
+    """Run every run in the simulator (suites too large for real runs always are)."""
+    math: bool = False
+    """Simulated runs also do the workers' real numerical updates (svm only)."""
 
     def check(self) -> BenchOptions:
         get_suite(self.suite)
@@ -53,6 +59,8 @@ class BenchOptions:
             raise ConfigError(f"--repeats must be >= 1 (got {self.repeats})")
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
+        if self.math and not (self.simulate or get_suite(self.suite).simulated):
+            raise ConfigError("--math applies to simulated runs: add --simulate")
         return self
 
     def differences(self, other: BenchOptions) -> list[str]:
@@ -163,6 +171,10 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
         print(f"not applicable, left out: {reason}")
     todo = [(position, run) for position, run in enumerate(runs, 1)
             if not run.done and not run.not_applicable]
+    start = launch
+    if options.simulate or suite.simulated:
+        sim_options = SimOptions(math=options.math, progress=False)
+        start = functools.partial(simulate, options=sim_options)
     progress = SuiteProgress(len(runs))
     progress.skipped(sum(run.done for run in runs))
     for i, (position, run) in enumerate(todo):
@@ -170,8 +182,8 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
                          [(r.config.workers, r.config.max_time or 0.0) for _, r in todo[i:]])
         (run.run_dir / FAILED_FILE).unlink(missing_ok=True)
         try:
-            outcome = _outcome(launch(run.config).summary)
-        except WorkerFailed as error:
+            outcome = _outcome(start(run.config).summary)
+        except (WorkerFailed, Deadlock) as error:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             (run.run_dir / FAILED_FILE).write_text(f"{error}\n")
             outcome = f"failed: {error}"

@@ -61,6 +61,8 @@ class Suite:
     """Per workload, a target looser than the workload's own, to keep a suite short."""
     max_time: float = 180.0
     """Seconds per run unless --max-time says otherwise."""
+    simulated: bool = False
+    """Too large for real runs: always run in the simulator (simulated seconds)."""
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants
@@ -195,8 +197,41 @@ PAPER = Suite(
 PAPER_RATIOS = (("paper · homogeneous", "allreduce", 1.2), ("paper · one 5x slow", "allreduce",
                 4.4), ("paper · homogeneous", "adpsgd", 3.7), ("paper · homogeneous", "ps-sync",
                 5.3))
+
+
+def one_slow_per_16(workers: int) -> str:
+    """One worker in every 16 five times slower (ranks 3, 19, 35, ...)."""
+    return f"deterministic:ranks={'+'.join(map(str, range(3, workers, 16)))},factor=5"
+
+
+#: Simulated sizes: 4096 only for the protocols whose cores were made to scale to it.
+SCALING_SIZES = (16, 64, 256, 1024)
+SCALING_VARIANTS = _pick("allreduce", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop",
+                         "hop-skip", "prague", "prague-paper", "prague-static")
+
+
+def _scaling() -> tuple[Setting, ...]:
+    settings = []
+    for n in (*SCALING_SIZES, 4096):
+        variants = None if n <= SCALING_SIZES[-1] else _pick("hop-skip", "prague")
+        for het, slowdown in (("homogeneous", "none"), ("1 in 16 5x slow", one_slow_per_16(n)),
+                              ("random x4", HETEROGENEITY["random x4"])):
+            for net, network, payload in (("free", "none", "none"),
+                                          ("100MB · 10Gbit", NETWORKS["10Gbit"], "100MB")):
+                settings.append(Setting(f"{n}w · {het} · {net}", slowdown, workers=n,
+                                        network=network, payload=payload, variants=variants,
+                                        regime=(payload, net, het, f"{n}w")))
+    return tuple(settings)
+
+
+SCALING_SIM = Suite(
+    "scaling-sim", "simulated: 16 to 1024 workers (4096 for hop and prague), homogeneous, one "
+    "in 16 5x slow and random x4, free and 100 MB over 10 Gbit/s: where each protocol stops "
+    "scaling", _scaling(), SCALING_VARIANTS, target_loss={"svm": 0.15}, max_time=10.0,
+    simulated=True,
+)
 SUITES = {suite.name: suite for suite in
-          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER]}
+          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to

@@ -62,7 +62,13 @@ class MathModel:
             for r in range(world)]
         self._test_x, self._test_y = data.test_x, data.test_y.float()
         self.published: dict[tuple[int, int], list[Any]] = {}
-        self.server: torch.Tensor | None = None
+        self.sent: dict[int, torch.Tensor] = {}
+        """A worker's model as it sent it in a request (AD-PSGD), by rank."""
+        self.server = initial.clone()
+        """The parameter server's model, its momentum buffer and its sum of pushed gradients."""
+        self._server_buffer = torch.zeros_like(initial)
+        self._server_sum = torch.zeros_like(initial)
+        self._server_stepped = False
 
     # --- one worker ------------------------------------------------------------------------
     def gradient(self, rank: int, model: torch.Tensor | None = None) -> None:
@@ -118,6 +124,39 @@ class MathModel:
             entry[1] -= 1
             if entry[1] == 0:
                 del self.published[src, tag]
+
+    # --- the parameter server -------------------------------------------------------------
+    def accumulate(self, rank: int) -> None:
+        """Add `rank`'s pushed gradient to the server's sum."""
+        self._server_sum.add_(self.grad[rank])
+
+    def apply(self, divisor: int, lr_scale: float) -> None:
+        """The server's optimizer steps with the sum / `divisor` at lr x `lr_scale`."""
+        g = self._server_sum / divisor
+        if self._server_stepped:
+            self._server_buffer.mul_(self.momentum).add_(g)
+        else:
+            self._server_buffer.copy_(g)
+            self._server_stepped = True
+        self.server.sub_(self.lr * lr_scale * self._server_buffer)
+        self._server_sum.zero_()
+
+    def load_server(self, rank: int) -> None:
+        self.x[rank] = self.server
+
+    # --- pairwise averaging (AD-PSGD) ------------------------------------------------------
+    def send_model(self, rank: int) -> None:
+        """`rank` sends its model in a request: what its partner will average with."""
+        self.sent[rank] = self.x[rank].clone()
+
+    def serve(self, rank: int, client: int) -> torch.Tensor:
+        """x_rank <- (x_rank + client's sent model) / 2; the average, for the reply."""
+        row = self.x[rank]
+        row.add_(self.sent.pop(client)).mul_(0.5)
+        return row.clone()
+
+    def load(self, rank: int, model: torch.Tensor) -> None:
+        self.x[rank] = model
 
     # --- evaluation ------------------------------------------------------------------------
     def evaluate(self, rows: Any = None) -> tuple[float, float]:

@@ -1,0 +1,140 @@
+"""AD-PSGD on the virtual clock: `ADPSGDCore` per worker, both its sides (trainer and server).
+
+An active worker's request is sent when its iteration starts (overlapping the compute, as the
+real driver posts it): a payload-sized message to the partner the core drew. The partner's
+core serves requests one at a time under its model lock; the serving thread is busy until its
+reply has left its NIC, and only then takes the next request, as the real receiver thread,
+which sends each reply before receiving the next request. A trainer whose compute ends before
+its reply (or whose step waits for its lock) is blocked until the core grants what it needs.
+In naive mode two workers that request each other wait forever: the event queue runs dry and
+the simulation reports the deadlock with each worker's wait.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from hetsync.cores.adpsgd import (
+    ADPSGDCore,
+    ByeReceived,
+    ComputeFinished,
+    Finish,
+    IterationStarted,
+    Leave,
+    LoadAverage,
+    ReplyReceived,
+    RequestReceived,
+    SendBye,
+    SendRequest,
+    Serve,
+    Served,
+    ServerDone,
+    Step,
+    StepFinished,
+)
+from hetsync.network.model import Message
+from hetsync.simulator.world import Simulation, SimWorker
+from hetsync.topology import build
+
+__all__ = ["build_workers"]
+
+
+class ADPSGDSimWorker(SimWorker):
+    def __init__(self, sim: Simulation, rank: int, core: ADPSGDCore) -> None:
+        super().__init__(sim, rank)
+        self.core = core
+        self.peers: list[ADPSGDSimWorker] = []
+        self._reply: dict[int, Any] = {}  # the average a partner's reply carries (--math)
+        self._partner: int | None = None
+        self._left = False
+        self._server_done = not (core.passive and core.clients)
+
+    def start(self) -> None:
+        self._begin(1)
+
+    def receive(self, event: Any) -> None:
+        self._run(self.core.handle(event))
+
+    def _begin(self, iteration: int) -> None:
+        if self.sim.math is not None:
+            self.sim.math.gradient(self.rank)  # on x_k, before any average, as prescribed
+        self._run(self.core.handle(IterationStarted(iteration=iteration)))
+        self.compute(iteration, self._computed, iteration)
+
+    def _computed(self, iteration: int) -> None:
+        decisions = self.core.handle(ComputeFinished(iteration=iteration))
+        if not decisions:
+            partner = self.core.awaiting_reply_from
+            self.block(f"rank {partner}'s reply" if partner is not None else "its model lock")
+        self._run(decisions)
+
+    def _run(self, decisions: list[Any]) -> None:
+        sim, math = self.sim, self.sim.math
+        for decision in decisions:
+            if isinstance(decision, SendRequest):
+                partner = self._partner = decision.partner
+                if math is not None:
+                    math.send_model(self.rank)
+                arrival = self._send(partner)
+                sim.clock.at(arrival, self.peers[partner].receive, RequestReceived(src=self.rank))
+                self.charge(nbytes=sim.costs.payload_bytes)
+            elif isinstance(decision, Serve):
+                client = decision.client
+                if math is not None:
+                    self.peers[client]._reply[self.rank] = math.serve(self.rank, client)
+                arrival = self._send(client)
+                sent = arrival - sim.costs.network.nics[self.rank].latency
+                sim.clock.at(arrival, self.peers[client].receive, ReplyReceived(src=self.rank))
+                sim.clock.at(sent, self.receive, Served(src=client))
+            elif isinstance(decision, LoadAverage):
+                if math is not None:
+                    math.load(self.rank, self._reply.pop(decision.partner))
+            elif isinstance(decision, Step):
+                self.unblock()
+                if math is not None:
+                    math.step(self.rank)
+                k = decision.iteration
+                self._run(self.core.handle(StepFinished(iteration=k,
+                                                        wants_stop=sim.wants_stop(k))))
+            elif isinstance(decision, Finish):
+                self.end_iteration(partner=self._partner if self._partner is not None else -1)
+                self._partner = None
+                if decision.stop:
+                    self._left = True
+                    self._run(self.core.handle(Leave()))
+                    self._maybe_finish()
+                else:
+                    self._begin(decision.iteration + 1)
+            elif isinstance(decision, SendBye):
+                for partner in decision.to:
+                    sim.clock.after(sim.costs.latency(self.rank, partner),
+                                    self.peers[partner].receive, ByeReceived(src=self.rank))
+            elif isinstance(decision, ServerDone):
+                self._server_done = True
+                self._maybe_finish()
+
+    def _send(self, dst: int) -> float:
+        sim = self.sim
+        message = Message(self.rank, dst, sim.costs.payload_bytes)
+        return sim.costs.network.send([message], at=sim.clock.now)[0]
+
+    def _maybe_finish(self) -> None:
+        if self._left and self._server_done and not self.done:
+            self.finish()
+        elif self._left and not self.done:
+            self.waiting_for = "its clients' goodbyes"
+
+
+def build_workers(sim: Simulation) -> list[SimWorker]:
+    config = sim.config
+    topology = build(config.topology, config.workers, config.weights)
+    naive = config.adpsgd_mode == "naive"
+    workers = []
+    for rank in range(sim.world):
+        neighbours = sorted(set(topology.in_peers(rank)) | set(topology.out_peers(rank)))
+        rng = random.Random(f"adpsgd/{config.seed}/{rank}")
+        workers.append(ADPSGDSimWorker(sim, rank, ADPSGDCore(rank, neighbours, naive, rng)))
+    for worker in workers:
+        worker.peers = workers
+    return list(workers)

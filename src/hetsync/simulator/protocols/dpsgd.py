@@ -1,0 +1,95 @@
+"""D-PSGD on the virtual clock: `DPSGDCore` per worker.
+
+Each iteration a worker sends x_k to its out-neighbours when it starts (the messages of a
+fan-out on the network model, overlapping the compute, as the real driver posts them), then
+computes; its core says when every in-neighbour's x_k is in and the worker averages, steps and
+starts the next iteration, or stops on the agreed iteration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetsync.cores.dpsgd import (
+    Average,
+    ComputeFinished,
+    DPSGDCore,
+    Exchange,
+    IterationStarted,
+    ModelReceived,
+    Neighbourhood,
+)
+from hetsync.network.patterns import fan_out
+from hetsync.protocols.dpsgd import flood_hops
+from hetsync.simulator.world import Simulation, SimWorker
+from hetsync.topology import build
+
+__all__ = ["build_workers"]
+
+
+class DPSGDSimWorker(SimWorker):
+    def __init__(self, sim: Simulation, rank: int, core: DPSGDCore) -> None:
+        super().__init__(sim, rank)
+        self.core = core
+        self.peers: list[DPSGDSimWorker] = []
+
+    def start(self) -> None:
+        self._begin(1)
+
+    def receive(self, event: ModelReceived) -> None:
+        self._run(self.core.handle(event))
+
+    def _begin(self, iteration: int) -> None:
+        self._run(self.core.handle(IterationStarted(iteration=iteration)))
+        self.compute(iteration, self._computed, iteration)
+
+    def _computed(self, iteration: int) -> None:
+        sim = self.sim
+        if sim.math is not None:
+            sim.math.gradient(self.rank)
+        event = ComputeFinished(iteration=iteration, wants_stop=sim.wants_stop(iteration))
+        decisions = self.core.handle(event)
+        if not decisions:
+            self.block(", ".join(f"rank {j}'s model of iteration {iteration}"
+                                 for j in self.core.waiting_for))
+        self._run(decisions)
+
+    def _run(self, decisions: list[Any]) -> None:
+        sim, math = self.sim, self.sim.math
+        for decision in decisions:
+            if isinstance(decision, Exchange):
+                k, to = decision.iteration, decision.send_to
+                if math is not None:
+                    math.publish(self.rank, k, len(to))
+                messages = fan_out(self.rank, to, sim.costs.payload_bytes)
+                arrivals = sim.costs.network.send(messages, at=sim.clock.now)
+                event = ModelReceived(src=self.rank, iteration=k, stop_at=decision.stop_at)
+                for dst, arrival in zip(to, arrivals, strict=True):
+                    sim.clock.at(arrival, self.peers[dst].receive, event)
+                self.charge(nbytes=sim.costs.payload_bytes * len(to))
+            elif isinstance(decision, Average):
+                self.unblock()
+                k = decision.iteration
+                if math is not None:
+                    math.mix(self.rank, decision.self_weight, decision.weights,
+                             dict.fromkeys(decision.weights, k))
+                    for j in decision.weights:
+                        math.drop(j, (k,))
+                    math.step(self.rank)
+                self.end_iteration()
+                if decision.stop:
+                    self.finish()
+                else:
+                    self._begin(k + 1)
+
+
+def build_workers(sim: Simulation) -> list[SimWorker]:
+    config = sim.config
+    topology = build(config.topology, config.workers, config.weights)
+    hops = flood_hops(topology)
+    workers = [DPSGDSimWorker(sim, r, DPSGDCore(r, Neighbourhood.of_topology(topology, r), hops,
+                                                 config.max_iterations))
+               for r in range(sim.world)]
+    for worker in workers:
+        worker.peers = workers
+    return list(workers)

@@ -1,0 +1,126 @@
+"""The parameter server on the virtual clock: `PSWorkerCore` per worker, `PSServerCore` behind a
+single-server queue on rank 0.
+
+Each worker computes, pushes its gradient to rank 0 (a payload-sized message on the network
+model, so pushes queue at rank 0's ingress: the incast) and blocks until the reply. The server
+thread takes pushes in arrival order, each for its service time; its core decides what is
+accumulated, applied and answered, and every answer is a payload-sized message from rank 0
+(queueing at its egress). Rank 0's own pushes and replies do not cross the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hetsync.cores.ps import (
+    Accumulate,
+    Answer,
+    Apply,
+    Bye,
+    GradientReady,
+    Leave,
+    LoadModel,
+    PSServerCore,
+    PSWorkerCore,
+    Push,
+    ReplyReceived,
+    SendBye,
+    SendPush,
+)
+from hetsync.network.model import Message
+from hetsync.simulator.costs import Server
+from hetsync.simulator.world import Simulation, SimWorker
+
+__all__ = ["build_workers"]
+
+
+class ServerThread:
+    """Rank 0's serving thread: a FIFO server around `PSServerCore`."""
+
+    def __init__(self, sim: Simulation) -> None:
+        config = sim.config
+        self.sim = sim
+        self.core = PSServerCore(sim.world, config.ps_mode, config.ps_backup)
+        self.server = Server(sim.service_s["parameter-server"])
+        sim.services["parameter_server"] = self.server
+        self.workers: list[PSSimWorker] = []
+
+    def receive(self, event: Any) -> None:
+        self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
+
+    def _serve(self, event: Any) -> None:
+        sim, math = self.sim, self.sim.math
+        for decision in self.core.handle(event):
+            if isinstance(decision, Accumulate):
+                if math is not None:
+                    math.accumulate(decision.rank)
+            elif isinstance(decision, Apply):
+                if math is not None:
+                    math.apply(decision.divisor, decision.lr_scale)
+            elif isinstance(decision, Answer):
+                reply = ReplyReceived(version=decision.version, staleness=decision.staleness,
+                                      stop=decision.stop)
+                for rank in decision.ranks:
+                    if math is not None:
+                        math.load_server(rank)  # the worker waits: nothing changes it meanwhile
+                    arrival = _send(sim, 0, rank)
+                    sim.clock.at(arrival, self.workers[rank].reply, reply)
+
+
+def _send(sim: Simulation, src: int, dst: int) -> float:
+    """When a payload-sized message sent now from `src` to `dst` arrives."""
+    now = sim.clock.now
+    if src == dst:
+        return now
+    return sim.costs.network.send([Message(src, dst, sim.costs.payload_bytes)], at=now)[0]
+
+
+class PSSimWorker(SimWorker):
+    def __init__(self, sim: Simulation, rank: int, server: ServerThread) -> None:
+        super().__init__(sim, rank)
+        config = sim.config
+        self.core = PSWorkerCore(rank, config.ps_mode, config.ps_backup)
+        self.server = server
+
+    def start(self) -> None:
+        self.compute(1, self._computed, 1)
+
+    def _computed(self, iteration: int) -> None:
+        sim = self.sim
+        if sim.math is not None:
+            sim.math.gradient(self.rank)
+        event = GradientReady(iteration=iteration, wants_stop=sim.wants_stop(iteration))
+        for decision in self.core.handle(event):
+            assert isinstance(decision, SendPush)
+            push = Push(rank=self.rank, version=decision.version, vote=decision.vote)
+            sim.clock.at(_send(sim, self.rank, 0), self.server.receive, push)
+            self.charge(nbytes=sim.costs.payload_bytes)
+            self.block("the parameter server's reply")
+
+    def reply(self, event: ReplyReceived) -> None:
+        self.unblock()
+        for decision in self.core.handle(event):
+            assert isinstance(decision, LoadModel)
+            extra = {"staleness": decision.staleness}
+            if decision.dropped is not None:
+                extra["dropped"] = int(decision.dropped)
+            self.end_iteration(**extra)
+            if decision.stop:
+                self._leave()
+            else:
+                self.compute(decision.iteration + 1, self._computed, decision.iteration + 1)
+
+    def _leave(self) -> None:
+        sim = self.sim
+        for decision in self.core.handle(Leave()):
+            assert isinstance(decision, SendBye)
+            sim.clock.after(sim.costs.latency(self.rank, 0), self.server.receive,
+                            Bye(rank=self.rank))
+        self.finish()
+
+
+def build_workers(sim: Simulation) -> list[SimWorker]:
+    server = ServerThread(sim)
+    workers = [PSSimWorker(sim, r, server) for r in range(sim.world)]
+    server.workers = workers
+    return list(workers)
