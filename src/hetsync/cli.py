@@ -17,8 +17,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from hetsync.config import RunConfig, load_toml
+from hetsync.config import OPTION_HELP, RunConfig, load_toml
 from hetsync.errors import ConfigError, Deadlock, WorkerFailed
+from hetsync.protocols.catalog import PROTOCOL_OPTIONS
 
 __all__ = ["main"]
 
@@ -47,26 +48,6 @@ _RUN_HELP = {
     "topology": "graph of decentralized protocols: ring, directed-ring, torus, exponential, "
     "one-peer-exponential, complete, bipartite-exponential, edges:FILE",
     "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
-    "ps_mode": "parameter server: sync or async",
-    "ps_backup": "parameter server, sync: backup workers, gradients not waited for per round "
-    "(late ones dropped)",
-    "adpsgd_mode": "AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; for comparison)",
-    "max_gap": "Hop: tokens per edge, the most iterations a worker may run ahead of a receiver",
-    "backup": "Hop: in-neighbours not waited for in each iteration (backup workers)",
-    "staleness": "Hop: use in-neighbours' updates up to this many iterations old",
-    "skip": "Hop: a worker behind its in-neighbours skips to their newest iteration",
-    "skip_threshold": "Hop: skip only when at least this many iterations would be skipped",
-    "hop_mode": "Hop: queues (token and update queues) or notify-ack (for comparison)",
-    "group_size": "Prague: workers per group",
-    "schedule": "Prague: random (Group Generator) or static (fixed periodic partitions)",
-    "gg_policy": "Prague: ready (groups of waiting workers) or random (the paper's)",
-    "group_buffer": "Prague: Group Buffer (fewer conflicts; see --group-buffer-mode)",
-    "group_buffer_mode": "Prague: queue (recommended) or batch reading of Group Buffer",
-    "group_division": "Prague: Group Division, groups form within K divisions",
-    "ready_wait": "Prague, --gg-policy ready: ms to wait for a full group",
-    "preduce": "Prague: P-Reduce implementation: auto (by the network model), mesh, ring, "
-    "leader or subgroup",
-    "workers_per_node": "Prague, --schedule static: node size (node-aware schedule)",
     "network": "emulated network: none | bandwidth=10Gbit,latency=50us[;ranks=3:bandwidth=1Gbit]",
     "payload": "charge messages as if the model weighed this: bytes (100MB) or a model name "
     "(resnet50, vgg16, bert-base, ...); needs --network",
@@ -74,6 +55,7 @@ _RUN_HELP = {
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",
+    **OPTION_HELP,  # each protocol's, from its package
 }
 #: Defaults that are not a value: what an unset option means.
 _DEFAULT_TEXT = {
@@ -86,7 +68,8 @@ _DEFAULT_TEXT = {
     "out": "runs/LABEL-TIMESTAMP",
     "data_dir": "Debian's install location",
     "label": "the protocol",
-    "workers_per_node": "the power-of-two schedule",
+    **{name: text for options in PROTOCOL_OPTIONS
+       for name, text in getattr(options, "DEFAULT_TEXT", {}).items()},
 }
 _TYPES = {"out": Path, "data_dir": Path}
 
@@ -183,7 +166,7 @@ def _add_simulate_options(parser: argparse.ArgumentParser) -> None:
     defaults = SimOptions()
     parser.add_argument("--math", action="store_true",
                         help="also run every worker's real numerical updates (svm only), for "
-                        "loss and time to target")
+                        "loss and time to target (default: off)")
     parser.add_argument("--gg-service-us", type=float, default=defaults.gg_service_us,
                         help="microseconds the Group Generator spends per message")
     parser.add_argument("--ps-service-us", type=float, default=defaults.ps_service_us,
@@ -223,9 +206,10 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     bench.add_argument("--payload", help="declared model size for every run, as in `train` "
                        "(default: each setting's)")
     bench.add_argument("--simulate", action="store_true", default=None, help="run the suite "
-                       "in the simulator (`hetsync simulate`) instead of real processes")
+                       "in the simulator (`hetsync simulate`) instead of real processes "
+                       "(default: off; on for simulated suites such as scaling-sim)")
     bench.add_argument("--math", action="store_true", default=None, help="with --simulate: "
-                       "the workers' real numerical updates too (svm only)")
+                       "the workers' real numerical updates too (svm only) (default: off)")
     bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
                        "--out without redoing its finished runs")
     bench.add_argument("--list", action="store_true", help="list the suites and exit")

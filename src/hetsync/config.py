@@ -14,41 +14,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hetsync.cores.group_generator import POLICIES
-from hetsync.cores.hop import MODES as HOP_MODES
-from hetsync.cores.hop import HopConfig
 from hetsync.errors import ConfigError
 from hetsync.network.spec import parse_network, parse_payload
+from hetsync.protocols.catalog import BUILTIN, PROTOCOL_OPTIONS, check_protocol_options
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
-from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["RunConfig", "load_toml"]
-
-_HOP = HopConfig()  # Hop's defaults, defined once in its core
+__all__ = ["OPTION_HELP", "RunConfig", "load_toml"]
 
 _CHOICES = {
-    "ps_mode": ("sync", "async"),
     "weights": WEIGHTS,
-    "adpsgd_mode": ("bipartite", "naive"),
-    "hop_mode": HOP_MODES,
-    "schedule": ("random", "static"),
-    "gg_policy": POLICIES,
-    "group_buffer_mode": ("queue", "batch"),
-    "preduce": PREDUCE_KINDS,
     "backend": ("auto", "gloo", "nccl"),
+    **{name: allowed for options in PROTOCOL_OPTIONS for name, allowed in options.CHOICES.items()},
 }
+#: Each protocol's options, as its package describes them: the flags' help.
+OPTION_HELP = {name: text for options in PROTOCOL_OPTIONS for name, text in options.HELP.items()}
+#: Each protocol's options' range checks, by kind.
+_PROTOCOL_RANGES = {kind: tuple(name for options in PROTOCOL_OPTIONS
+                                for name in getattr(options, kind))
+                    for kind in ("NON_NEGATIVE", "AT_LEAST_ONE", "FINITE")}
+
+
+def _registered(name: str) -> Any:
+    """A protocol registered by a user's module (`register_protocol`), by name."""
+    from hetsync.protocols import get_protocol  # late: the registry imports the drivers
+
+    return get_protocol(name)
 
 
 @dataclass
-class RunConfig:
-    """Every option of `hetsync train` / `hetsync launch`; field names are the long options."""
-
+class _RunOptions:
+    """The options every run has; each protocol's own come from its package."""
     protocol: str = "allreduce"
     workload: str = "cnn"
     workers: int = 4
@@ -64,45 +65,6 @@ class RunConfig:
     """Communication graph of the decentralized protocols (see hetsync.topology)."""
     weights: str = "uniform"
     """Mixing weights: uniform or metropolis."""
-    ps_mode: str = "sync"
-    """Parameter server: sync (wait for every worker) or async (apply each gradient)."""
-    ps_backup: int = 0
-    """Parameter server, sync: a round closes at the first workers - ps_backup gradients; late
-    ones are dropped (backup workers, Chen et al. 2016)."""
-    adpsgd_mode: str = "bipartite"
-    """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
-    max_gap: int = _HOP.max_gap
-    """Hop: tokens per edge, the most iterations a worker may run ahead of an out-neighbour."""
-    backup: int = _HOP.backup
-    """Hop: in-neighbours a worker need not wait for in each iteration."""
-    staleness: int = _HOP.staleness
-    """Hop: how many iterations old an in-neighbour's update may be and still be used."""
-    skip: bool = _HOP.skip
-    """Hop: a worker behind its in-neighbours jumps to their newest iteration."""
-    skip_threshold: int = _HOP.skip_threshold
-    """Hop: skip only when at least this many iterations would be skipped."""
-    hop_mode: str = _HOP.mode
-    """Hop: queues (token and update queues) or notify-ack (the design Hop improves on)."""
-    group_size: int = 3
-    """Prague: workers per group (random groups)."""
-    schedule: str = "random"
-    """Prague: random (groups from the Group Generator) or static (a fixed periodic schedule)."""
-    gg_policy: str = "ready"
-    """Prague: ready (groups of workers that are waiting; measured fastest) or random (the
-    paper's)."""
-    group_buffer: bool = False
-    """Prague: Group Buffer, to cut conflicts (see group_buffer_mode)."""
-    group_buffer_mode: str = "queue"
-    """Prague: which reading of Group Buffer: queue (recommended) or batch."""
-    group_division: int = 1
-    """Prague: Group Division, groups form within K divisions of the workers."""
-    ready_wait: float = 20.0
-    """Prague, ready policy: ms the GG waits for a full group before grouping who waits."""
-    preduce: str = "auto"
-    """Prague: P-Reduce implementation: auto (by the network model; mesh on a free network),
-    mesh, ring, leader or subgroup."""
-    workers_per_node: int | None = None
-    """Prague, static schedule: node size for the node-aware schedule (None: power-of-two)."""
     seed: int = 0
     batch_size: int | None = None
     lr: float | None = None
@@ -128,6 +90,13 @@ class RunConfig:
     script: list[str] = field(default_factory=list)
     """For `hetsync launch`: the user's script and its arguments."""
 
+
+@dataclass
+class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
+    """Every option of `hetsync train` / `hetsync launch`: the run's, then each protocol's
+    (its package's `Options`, see hetsync.protocols.catalog); field names are the long options.
+    """
+
     DEFAULT_MAX_TIME = 120.0
 
     def slowdown_spec(self) -> SlowdownSpec:
@@ -135,26 +104,26 @@ class RunConfig:
 
     def validate(self) -> RunConfig:
         """Raise ConfigError naming the first wrong option; return self for chaining."""
-        from hetsync.protocols import get_protocol
         from hetsync.workloads import get_workload
 
-        protocol = get_protocol(self.protocol)
+        builtin = self.protocol in BUILTIN
+        protocol = None if builtin else _registered(self.protocol)
         if not self.script:
             get_workload(self.workload)
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "backup", "staleness", "ready_wait", "ps_backup"):
+                     *_PROTOCOL_RANGES["NON_NEGATIVE"]):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples", "max_gap", "skip_threshold",
-                     "group_size", "group_division"):
+        for name in ("max_iterations", "batch_size", "eval_samples",
+                     *_PROTOCOL_RANGES["AT_LEAST_ONE"]):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "target_loss", "ready_wait"):
+                     "target_loss", *_PROTOCOL_RANGES["FINITE"]):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number "
@@ -178,7 +147,10 @@ class RunConfig:
             network.check_ranks(self.workers)
         if parse_payload(self.payload) is not None and network is None:
             raise ConfigError("--payload charges messages on an emulated network: give --network")
-        protocol.check_config(self)
+        if protocol is None:
+            check_protocol_options(self)
+        else:
+            protocol.check_config(self)
         if self.backend == "nccl":
             import torch  # late: reading a config must not cost a torch import
 

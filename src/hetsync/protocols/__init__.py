@@ -1,8 +1,9 @@
 """Protocols by name: a registry filled by the `@register_protocol` decorator.
 
-Adding a protocol is one new module here that defines a `Protocol` subclass and registers it;
-nothing else in the tree changes. Modules are imported lazily by name so that importing
-hetsync stays cheap.
+A built-in protocol is one package here (see `catalog`): its driver module defines a
+`Protocol` subclass and registers it; nothing else in the tree changes. Drivers are imported
+lazily, on the first lookup, so that importing hetsync (or reading a run's options) stays
+cheap. A user's protocol registers the same way from its own module.
 """
 
 from __future__ import annotations
@@ -12,19 +13,9 @@ from collections.abc import Callable
 
 from hetsync.errors import ConfigError
 from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.catalog import BUILTIN
 
 __all__ = ["Protocol", "Step", "available_protocols", "get_protocol", "register_protocol"]
-
-#: Modules that define the built-in protocols (imported on first lookup).
-BUILTIN_MODULES = (
-    "hetsync.protocols.allreduce",
-    "hetsync.protocols.ddp",
-    "hetsync.protocols.dpsgd",
-    "hetsync.protocols.adpsgd",
-    "hetsync.protocols.ps",
-    "hetsync.protocols.hop",
-    "hetsync.protocols.prague",
-)
 
 _REGISTRY: dict[str, type[Protocol]] = {}
 
@@ -43,8 +34,8 @@ def register_protocol(name: str) -> Callable[[type[Protocol]], type[Protocol]]:
 
 
 def _load_builtins() -> None:
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module)
+    for name in BUILTIN:
+        importlib.import_module(f"hetsync.protocols.{name}.driver")
 
 
 def available_protocols() -> list[str]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from hetsync.cores.adpsgd import (
+from hetsync.network.model import Message
+from hetsync.protocols.adpsgd.core import (
     ADPSGDCore,
     ByeReceived,
     ComputeFinished,
@@ -33,7 +34,6 @@ from hetsync.cores.adpsgd import (
     Step,
     StepFinished,
 )
-from hetsync.network.model import Message
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
 

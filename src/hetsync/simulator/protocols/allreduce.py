@@ -14,7 +14,8 @@ the compute, as All-Reduce.
 
 from __future__ import annotations
 
-from hetsync.cores.allreduce import (
+from hetsync.network.patterns import ring_allreduce
+from hetsync.protocols.allreduce.core import (
     AllReduceRound,
     AllReduceWorker,
     Completed,
@@ -24,7 +25,6 @@ from hetsync.cores.allreduce import (
     Reduce,
     Reduced,
 )
-from hetsync.network.patterns import ring_allreduce
 from hetsync.simulator.world import Simulation, SimWorker
 
 __all__ = ["build_workers"]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetsync.cores.dpsgd import (
+from hetsync.network.patterns import fan_out
+from hetsync.protocols.dpsgd.core import (
     Average,
     ComputeFinished,
     DPSGDCore,
@@ -18,9 +19,8 @@ from hetsync.cores.dpsgd import (
     IterationStarted,
     ModelReceived,
     Neighbourhood,
+    flood_hops,
 )
-from hetsync.network.patterns import fan_out
-from hetsync.protocols.dpsgd import flood_hops
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
 

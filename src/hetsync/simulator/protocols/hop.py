@@ -1,6 +1,6 @@
 """Hop on the virtual clock: `HopCore` per worker, its decisions turned into timed messages.
 
-Mirrors the real driver (hetsync.protocols.hop): an iteration starts when the core says so
+Mirrors the real driver (hetsync.protocols.hop.driver): an iteration starts when the core says so
 (tokens), sends its model, computes, then aggregates when the core has what it needs. Updates
 are booked on the receiver's ingress with the sender's egress shared among its copies
 (`NetworkModel.deliver`, as Hop's receiver threads book them in emulated runs); tokens are
@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetsync.cores.hop import (
+from hetsync.network.model import Message
+from hetsync.protocols.hop.core import (
     Aggregate,
     ComputeFinished,
     Decision,
@@ -27,8 +28,6 @@ from hetsync.cores.hop import (
     UpdateReceived,
     Wait,
 )
-from hetsync.network.model import Message
-from hetsync.protocols.hop import hop_config
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
 
@@ -123,7 +122,7 @@ class HopWorker(SimWorker):
 def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
     topology = build(config.topology, config.workers, config.weights)
-    hop = hop_config(config)
+    hop = config.hop_config()
     workers = []
     for rank in range(config.workers):
         self_weight, weights = topology.recv_weights(rank)

@@ -1,7 +1,7 @@
 """Prague on the virtual clock: `PragueWorkerCore` per worker, `GroupGeneratorCore` behind a
 single-server queue on rank 0, and P-Reduces booked on the network model.
 
-Mirrors the real driver (hetsync.protocols.prague): after its step a worker follows its core
+Mirrors the real driver (hetsync.protocols.prague.driver): after its step a worker follows its core
 (request a group, run queued P-Reduces in the global order, start the next step). The Group
 Generator serves one message at a time, each taking its service time (`costs.SERVICE_S`), so
 its queue grows where requests come faster than it answers; with the ready policy its timer
@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetsync.cores.group_generator import (
+from hetsync.protocols.prague.group_generator import (
     Group,
     GroupFinished,
     GroupGeneratorCore,
     GroupRequested,
     WaitTimedOut,
 )
-from hetsync.cores.prague_worker import (
+from hetsync.protocols.prague.options import group_generator
+from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
+from hetsync.protocols.prague.worker import (
     GroupAssigned,
     Leave,
     PragueWorkerCore,
@@ -33,8 +35,6 @@ from hetsync.cores.prague_worker import (
     StartStep,
     StepFinished,
 )
-from hetsync.cores.static_schedule import StaticStop, static_group, static_schedule
-from hetsync.protocols.prague import make_group_generator
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.transport.preduce import make_preducer
@@ -222,7 +222,7 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
         lead = len(period) * sim.world
         return [PragueWorker(sim, r, rendezvous, None, StaticStop(lead, config.max_iterations),
                              period) for r in range(sim.world)]
-    gg = GroupGeneratorService(sim, make_group_generator(config))
+    gg = GroupGeneratorService(sim, group_generator(config))
     workers = [PragueWorker(sim, r, rendezvous, gg, None) for r in range(sim.world)]
     gg.workers = workers
     return list(workers)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetsync.cores.ps import (
+from hetsync.network.model import Message
+from hetsync.protocols.ps.core import (
     Accumulate,
     Answer,
     Apply,
@@ -27,7 +28,6 @@ from hetsync.cores.ps import (
     SendBye,
     SendPush,
 )
-from hetsync.network.model import Message
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
 

@@ -1,0 +1,1 @@
+"""AD-PSGD (Lian et al., ICML 2018): asynchronous atomic pairwise averaging."""

@@ -1,0 +1,244 @@
+"""AD-PSGD (Lian et al., ICML 2018): asynchronous decentralized SGD by atomic pairwise averaging.
+
+Theory of operation. Workers are split into *active* (odd ranks) and *passive* (even ranks) on
+a bipartite graph (every edge joins an odd and an even rank: `--topology ring` with an even
+number of workers, or `bipartite-exponential`). Each iteration an active worker picks a random
+passive neighbour j, sends it x_i and receives the average; j, in a receiver thread that
+serves one request at a time, sets x_j <- (x_i + x_j) / 2 under its model lock and replies
+with it; the active worker sets x_i to the same average, then applies its gradient (computed
+on x_i before averaging, as the algorithm prescribes). The request is posted when the
+iteration starts, so averaging runs while the gradient is computed.
+
+Why no deadlock: only active workers wait for someone, and only for a passive worker's
+receiver thread; a passive receiver never waits for anyone while it serves (it only takes its
+own model lock, which its trainer holds for the length of one optimizer step). The wait-for
+graph therefore has edges only from active to passive workers and can have no cycle.
+
+`--adpsgd-mode naive` drops the split to show why it is needed: every worker is active and
+passive on any graph, so to make its own averaging atomic an active worker must hold its own
+model lock until its partner's reply arrives; its receiver thread then cannot serve, and two
+workers that pick each other (or any cycle of them) wait forever. The launcher reports that
+as a deadlock. Workers stop independently; a passive receiver exits once every active
+neighbour has said goodbye.
+
+The decisions (roles, the partner drawn, who holds the model lock, which request is served
+next) are `hetsync.protocols.adpsgd.core.ADPSGDCore`'s. The training thread and the receiver thread
+share the core under one condition variable; the model lock is the core's `holder`, so each
+thread waits on the condition until the core grants it what it needs (its request sent, its
+step, a request to serve).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.network.patterns import point_to_point, push_pull
+from hetsync.protocols import register_protocol
+from hetsync.protocols.adpsgd.core import (
+    ADPSGDCore,
+    ADPSGDState,
+    ByeReceived,
+    ComputeFinished,
+    Decision,
+    Finish,
+    IterationStarted,
+    Leave,
+    LoadAverage,
+    ReplyReceived,
+    RequestReceived,
+    SendBye,
+    Served,
+    ServerDone,
+    StepFinished,
+)
+from hetsync.protocols.base import Protocol, Step
+from hetsync.topology import build
+from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
+from hetsync.transport.runtime import Runtime
+
+_REQUEST_TAG, _REPLY_TAG = 31, 32
+_AVERAGE, _BYE = 1.0, 0.0
+
+
+@register_protocol("adpsgd")
+class ADPSGD(Protocol):
+    """Asynchronous decentralized SGD with atomic pairwise averaging."""
+
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config, rank = runtime.config, runtime.rank
+        self.topology = build(config.topology, runtime.world_size, config.weights)
+        self.tensors = model_tensors(model)
+        self.drift = BufferDrift(model)
+        self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
+        neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
+        self.core = ADPSGDCore(rank, neighbours, naive=config.adpsgd_mode == "naive",
+                               rng=random.Random(f"adpsgd/{config.seed}/{rank}"))
+        self.cond = threading.Condition()  # guards the core, shared with the receiver thread
+        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float, float, int] | (
+            None) = None
+        """The request in flight: message, reply, its works, when it was posted (time.time()),
+        its modelled transfer time and the partner."""
+        self._server: threading.Thread | None = None
+        self._server_error: BaseException | None = None
+        # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
+        # model loaded after building the optimizer must not be averaged before it is loaded,
+        # or the load would overwrite the average.
+        self._started = threading.Event()
+        if self.core.passive and self.core.clients:
+            self._server = threading.Thread(target=self._serve, name="adpsgd-passive", daemon=True)
+            self._server.start()
+
+    # --- the active side, on the training thread ---------------------------------------------
+    def begin_iteration(self, step: Step) -> None:
+        """Post this iteration's averaging request; it runs while the gradient is computed.
+        The first is posted when needed, so a model loaded after building the optimizer is
+        the one averaged."""
+        if step.iteration > 1:
+            self._request(step)
+
+    def _wait(self, granted: Callable[[], bool]) -> None:
+        """Wait (condition held) until the core has `granted`, or the receiver thread died."""
+        self.cond.wait_for(lambda: granted() or self._server_error is not None)
+        self._raise_server_error()
+
+    def _request(self, step: Step) -> None:
+        with self.cond:
+            self.core.handle(IterationStarted(iteration=step.iteration))
+            # naive: the request holds this worker's lock until the reply: wait for it
+            self._wait(lambda: self.core.deferred is None)
+            partner = self.core.awaiting_reply_from
+        if partner is None:  # not active, or no partner
+            return
+        message = self._message(_AVERAGE)
+        reply = torch.empty_like(message)
+        works = [dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
+                 dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)]
+        step.bytes_sent += message.numel() * message.element_size()
+        step.extra["partner"] = partner
+        modelled = 0.0
+        if self.network is not None:
+            nbytes = self.network.scaled((message.numel() - 1) * message.element_size())
+            modelled = self.network.duration(push_pull(self.runtime.rank, partner, nbytes))
+        self._pending = (message, reply, works, time.time(), modelled, partner)
+
+    def before_optimizer_step(self, step: Step) -> None:
+        self._started.set()
+        if self.core.state is ADPSGDState.IDLE:  # iteration 1: not begun yet
+            self._request(step)
+        step.begin_sync()
+        self._raise_server_error()
+        with self.cond:
+            self.core.handle(ComputeFinished(iteration=step.iteration))
+        if self._pending is not None:
+            posted, modelled = self._pending[3:5]
+            with step.blocking():
+                self._finish_request()
+            if self.network is not None:
+                self.network.hold_until(step, posted + modelled, modelled)
+        with self.cond:  # a passive worker's step must not interleave with a served average
+            self._wait(lambda: self.core.state is ADPSGDState.STEPPING)
+
+    def after_optimizer_step(self, step: Step) -> None:
+        with self.cond:
+            decisions = self.core.handle(StepFinished(iteration=step.iteration,
+                                                      wants_stop=step.wants_stop))
+            self.cond.notify_all()  # the lock may be free for a queued request
+        finish = decisions[0]
+        assert isinstance(finish, Finish)
+        step.stop = finish.stop
+
+    def _finish_request(self) -> list[Decision]:
+        """Wait for the partner's average and load it: the partner has already applied it,
+        so not loading it would break the conservation of the sum of the models. Returns the
+        core's decisions after the one to load it."""
+        assert self._pending is not None
+        message, reply, works, *_ = self._pending
+        for work in works:
+            work.wait()
+        with self.cond:  # loaded before the core lets anyone else at the model
+            load, *decisions = self.core.handle(ReplyReceived(src=self._pending[5]))
+            assert isinstance(load, LoadAverage)
+            self._load(self.drift.apply(reply[:-1], message))
+            self.cond.notify_all()
+        self._pending = None
+        return decisions
+
+    def close(self) -> None:
+        """Finish a request begun by an iteration that never ran (the script's loop ended
+        without the run stopping), say goodbye to every partner, then wait until every
+        client has said goodbye."""
+        self._started.set()
+        with self.cond:
+            decisions = self.core.handle(Leave())
+            self.cond.notify_all()
+        if self._pending is not None:
+            decisions += self._finish_request()
+        for decision in decisions:
+            if isinstance(decision, SendBye):
+                for partner in decision.to:
+                    dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG, group=self.group)
+        if self._server is not None:
+            self._server.join()
+        self._raise_server_error()
+
+    # --- the passive side, on the receiver thread -----------------------------------------------
+    def _serve(self) -> None:
+        try:
+            buffer = self._message(_BYE)
+            nbytes = self.network.scaled((buffer.numel() - 1) * buffer.element_size()) if (
+                self.network is not None) else 0.0
+            while True:
+                source = dist.recv(buffer, src=None, tag=_REQUEST_TAG, group=self.group)
+                if buffer[-1] == _BYE:
+                    with self.cond:
+                        if ServerDone() in self.core.handle(ByeReceived(src=source)):
+                            return
+                    continue
+                self._started.wait()
+                if self.network is not None:  # the request's bytes come in, one at a time
+                    self.network.occupy(point_to_point(source, self.runtime.rank, nbytes))
+                with self.cond:
+                    self.core.handle(RequestReceived(src=source))
+                    self.cond.notify_all()
+                    self.cond.wait_for(lambda src=source: self.core.serving == src)
+                # the core holds this worker's lock for us: no step or own average meanwhile
+                average = (self._flat() + buffer[:-1]) / 2
+                self._load(average)
+                with self.cond:
+                    self.core.handle(Served(src=source))
+                    self.cond.notify_all()  # the trainer may step or send its request now
+                reply = flatten([average], _AVERAGE)
+                if self.network is not None:
+                    self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
+                dist.send(reply, source, tag=_REPLY_TAG, group=self.group)
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            with self.cond:
+                self._server_error = error
+                self.cond.notify_all()
+
+    def _raise_server_error(self) -> None:
+        if self._server_error is not None:
+            raise RuntimeError(f"adpsgd receiver thread failed: {self._server_error!r}")
+
+    # --- flat model helpers ---------------------------------------------------------------------
+    def _flat(self) -> torch.Tensor:
+        return flatten(self.tensors, device=self.host)
+
+    def _message(self, kind: float) -> torch.Tensor:
+        return flatten(self.tensors, kind, device=self.host)
+
+    def _load(self, flat: torch.Tensor) -> None:
+        """Write a flat model through `.data`, so that a backward pass running on the training
+        thread is not invalidated by a version-counter bump."""
+        unflatten_into(flat, [t.data for t in self.tensors])

@@ -1,0 +1,41 @@
+"""AD-PSGD's options (`--adpsgd-mode`) and their checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from hetsync.errors import ConfigError
+from hetsync.topology import build
+
+if TYPE_CHECKING:
+    from hetsync.config import RunConfig
+
+__all__ = ["Options", "check"]
+
+
+@dataclass
+class Options:
+    adpsgd_mode: str = "bipartite"
+    """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
+
+    HELP: ClassVar[dict[str, str]] = {
+        "adpsgd_mode": "AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; for "
+        "comparison)",
+    }
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"adpsgd_mode": ("bipartite", "naive")}
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
+    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ()
+    FINITE: ClassVar[tuple[str, ...]] = ()
+
+
+def check(config: RunConfig) -> None:
+    topology = build(config.topology, config.workers, config.weights)
+    edge = next(((i, j) for i, j in topology.graph.edges if i % 2 == j % 2), None)
+    if config.adpsgd_mode == "bipartite" and config.workers > 1 and edge is not None:
+        raise ConfigError(
+            f"adpsgd needs a bipartite graph (edges only between even and odd ranks); "
+            f"--topology {config.topology} with {config.workers} workers has edge "
+            f"{edge[0]}-{edge[1]} (use an even number of workers with ring or "
+            "bipartite-exponential)"
+        )

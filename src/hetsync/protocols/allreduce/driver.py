@@ -1,0 +1,74 @@
+"""All-Reduce: average the gradients of all workers before every optimizer step.
+
+The baseline that runs at the speed of the slowest worker. Gradients are flattened into one
+buffer, divided by the world size and summed with a single `all_reduce`, as DDP's default
+communication hook does, so that `allreduce` and `ddp` compute the same parameters. Floating
+buffers (BatchNorm statistics) ride in the same buffer and are averaged: every worker ends
+each iteration with the statistics of all workers' batches (DDP instead broadcasts rank 0's
+at every forward pass, which keeps only rank 0's batches). The decisions (the divisor, the
+agreed stop) are `hetsync.protocols.allreduce.core.AllReduceWorker`'s.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.network.patterns import ring_allreduce
+from hetsync.protocols import register_protocol
+from hetsync.protocols.allreduce.core import (
+    AllReduceWorker,
+    Finish,
+    GradientsReady,
+    Reduce,
+    Reduced,
+)
+from hetsync.protocols.base import Protocol, Step
+from hetsync.transport.flat import flatten, ring_allreduce_bytes, unflatten_into
+from hetsync.transport.runtime import Runtime
+
+
+@register_protocol("allreduce")
+class AllReduce(Protocol):
+    """Synchronous data-parallel SGD with gradients averaged by one all-reduce per step."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        self.core = AllReduceWorker(runtime.rank, runtime.world_size)
+
+    def before_optimizer_step(self, step: Step) -> None:
+        step.begin_sync()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in params if p.grad is not None]
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        world = self.runtime.world_size
+        [reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
+                                                   wants_stop=step.wants_stop))
+        assert isinstance(reduce, Reduce)
+        flat = flatten(grads + buffers, float(reduce.vote))
+        flat[:-1].div_(reduce.divisor)
+        with step.blocking():
+            began = time.perf_counter()
+            dist.all_reduce(flat)
+        if self.network is not None:
+            nbytes = self.network.scaled(flat.numel() * flat.element_size())
+            self.network.after_blocking(step, ring_allreduce(range(world), nbytes), "allreduce",
+                                        time.perf_counter() - began)
+        with torch.no_grad():
+            unflatten_into(flat[:-1], grads + buffers)
+        votes = round(float(flat[-1]))
+        [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=votes))
+        assert isinstance(finish, Finish)
+        step.stop = finish.stop
+        step.bytes_sent += ring_allreduce_bytes(flat, world)
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the stop decision was agreed in the all-reduce."""

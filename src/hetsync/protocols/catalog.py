@@ -1,0 +1,53 @@
+"""The built-in protocols, found by their packages: what each brings to a run's options.
+
+A protocol is one package here: `core.py` (and other modules of decisions, without I/O),
+`driver.py` (its transport over torch.distributed, registered under the package's name), and
+optionally `options.py` with an `Options` dataclass (its flags, with `HELP`, `CHOICES` and
+the range checks `NON_NEGATIVE`, `AT_LEAST_ONE`, `FINITE`) and a `check(config)` function (the
+checks that need the whole run's options). `RunConfig` is composed from the `Options` found
+here, so adding a protocol adds its package and touches nothing else; its simulation, if it
+has one, is `hetsync.simulator.protocols.<name>`. Reading options imports no driver.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hetsync.config import RunConfig
+
+__all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "check_protocol_options"]
+
+#: Names of the built-in protocols: the packages beside this module that have a driver.
+_HERE = Path(__file__).parent
+BUILTIN = tuple(sorted(info.name for info in pkgutil.iter_modules([str(_HERE)])
+                       if info.ispkg and (_HERE / info.name / "driver.py").is_file()))
+
+
+def _options_module(name: str) -> ModuleType | None:
+    if not (_HERE / name / "options.py").is_file():
+        return None
+    return importlib.import_module(f"hetsync.protocols.{name}.options")
+
+
+_MODULES = {name: module for name in BUILTIN if (module := _options_module(name)) is not None}
+
+#: The `Options` dataclass of every built-in protocol that has options.
+PROTOCOL_OPTIONS: tuple[type[Any], ...] = tuple(
+    module.Options for module in _MODULES.values() if hasattr(module, "Options"))
+
+
+def check_protocol_options(config: RunConfig) -> bool:
+    """Run `config.protocol`'s own checks; False if it is not a built-in protocol."""
+    if config.protocol not in BUILTIN:
+        return False
+    check: Callable[[RunConfig], None] | None = getattr(_MODULES.get(config.protocol), "check",
+                                                        None)
+    if check is not None:
+        check(config)
+    return True

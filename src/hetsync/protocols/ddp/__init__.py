@@ -1,0 +1,1 @@
+"""DDP: torch's DistributedDataParallel, with All-Reduce's decisions (`allreduce.core`)."""

@@ -1,0 +1,99 @@
+"""PyTorch's own DistributedDataParallel, the reference users know.
+
+DDP all-reduces gradient buckets during backward(). A communication hook replaces its default
+one to do the same arithmetic (divide by the world size, then sum) while adding what hetsync
+needs: the emulated compute time and slowdown are slept before the first bucket is reduced,
+the time until the reduction completes is counted as synchronisation, and the stop vote rides
+in the last element of every bucket. The decisions (the divisor, the agreed stop) are
+`hetsync.protocols.allreduce.core.AllReduceWorker`'s: the first bucket of an iteration asks it
+what to contribute, and the votes reduced with the buckets decide the stop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from hetsync.network.patterns import ring_allreduce
+from hetsync.protocols import register_protocol
+from hetsync.protocols.allreduce.core import (
+    AllReduceWorker,
+    Finish,
+    GradientsReady,
+    Reduce,
+    Reduced,
+)
+from hetsync.protocols.base import Protocol, Step
+from hetsync.transport.flat import flatten, ring_allreduce_bytes
+from hetsync.transport.runtime import Runtime
+
+
+@register_protocol("ddp")
+class DDP(Protocol):
+    """`torch.nn.parallel.DistributedDataParallel` with hetsync's measuring hook."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        device_ids = [runtime.device] if runtime.device.type == "cuda" else None
+        self.ddp = DistributedDataParallel(model, device_ids=device_ids)
+        self.ddp.register_comm_hook(None, self._hook)
+        self.step: Step | None = None
+        self.core = AllReduceWorker(runtime.rank, runtime.world_size)
+        self._reduce: Reduce | None = None  # what this iteration's buckets contribute
+        self._votes = 0
+
+    def wrap_model(self) -> nn.Module:
+        return self.ddp
+
+    def before_optimizer_step(self, step: Step) -> None:
+        # Gradients were reduced during backward(); only the votes remain to be read.
+        [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=self._votes))
+        assert isinstance(finish, Finish)
+        step.stop = finish.stop
+        self._reduce, self._votes = None, 0
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: DDP reduced the gradients during backward()."""
+
+    def begin_iteration(self, step: Step) -> None:
+        self.step = step
+
+    def _hook(self, state, bucket):  # noqa: ANN001, ANN202 - DDP rejects postponed annotations
+        """DDP communication hook: `bucket` is a dist.GradBucket; returns a Future[Tensor]."""
+        step = self.step
+        if step is None:
+            raise RuntimeError("DDP protocol: backward() ran before SyncOptimizer bound a step")
+        step.begin_sync()
+        world = self.runtime.world_size
+        if self._reduce is None:  # the iteration's first bucket
+            [self._reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
+                                                             wants_stop=step.wants_stop))
+        reduce = self._reduce
+        assert isinstance(reduce, Reduce)
+        buffer = bucket.buffer()
+        flat = flatten([buffer], float(reduce.vote))
+        flat[:-1].div_(reduce.divisor)
+        step.bytes_sent += ring_allreduce_bytes(flat, world)
+        if step.on_phase is not None:
+            step.on_phase("sync")
+        began = time.perf_counter()
+        future = dist.all_reduce(flat, async_op=True).get_future()
+
+        def finish(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            reduced = fut.value()[0]
+            step.sync_wait_s += time.perf_counter() - began
+            if self.network is not None:
+                nbytes = self.network.scaled(reduced.numel() * reduced.element_size())
+                self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
+                                            f"bucket{bucket.index()}", time.perf_counter() - began)
+            self._votes = max(self._votes, round(float(reduced[-1])))  # every bucket's count
+            buffer.copy_(reduced[:-1])
+            return buffer
+
+        return future.then(finish)

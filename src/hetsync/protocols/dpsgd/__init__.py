@@ -1,0 +1,1 @@
+"""D-PSGD (Lian et al., NeurIPS 2017): synchronous neighbourhood averaging on a graph."""

@@ -1,0 +1,132 @@
+"""D-PSGD (Lian et al., NeurIPS 2017): synchronous decentralized SGD over a fixed graph.
+
+Per iteration k each worker computes its gradient on x_k, exchanges x_k with its neighbours,
+takes the weighted neighbourhood average and applies the gradient to it:
+
+    x_{k+1} = sum_j W_ij x_{k,j} - lr * g(x_k)
+
+(with momentum: the optimizer's own update). Both the gradient and the exchange read x_k, so
+the exchange is posted when the iteration starts and runs during forward and backward; it is
+waited for only after the emulated compute. W must be doubly stochastic (`--weights
+metropolis` makes it so on irregular undirected graphs). The stop iteration is agreed by
+flooding it in the messages (hetsync.cores.stop_agreement). The decisions (whom to send x_k
+and from whom to wait for it, the weights, the stop) are `hetsync.protocols.dpsgd.core.DPSGDCore`'s.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.network.model import Message
+from hetsync.network.patterns import fan_out
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.dpsgd.core import (
+    Average,
+    ComputeFinished,
+    DPSGDCore,
+    Exchange,
+    IterationStarted,
+    ModelReceived,
+    Neighbourhood,
+    flood_hops,
+)
+from hetsync.topology import build
+from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
+from hetsync.transport.runtime import Runtime
+
+_TAG = 11
+_Exchange = tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work], Exchange]
+
+
+@register_protocol("dpsgd")
+class DPSGD(Protocol):
+    """Synchronous decentralized SGD with neighbour model averaging."""
+
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config = runtime.config
+        self.topology = build(config.topology, runtime.world_size, config.weights)
+        self.tensors = model_tensors(model)
+        self.drift = BufferDrift(model)
+        self.core = DPSGDCore(runtime.rank, Neighbourhood.of_topology(self.topology, runtime.rank),
+                              flood_hops(self.topology), config.max_iterations)
+        self._exchange: _Exchange | None = None
+
+    def begin_iteration(self, step: Step) -> None:
+        """Post the exchange of x_k; it runs while the gradient is computed. The first one is
+        posted when needed: a model loaded after building the optimizer must be the one sent."""
+        if step.iteration > 1:
+            self._post(step)
+
+    def _post(self, step: Step) -> _Exchange:
+        [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
+        assert isinstance(exchange, Exchange)
+        header = [exchange.stop_at if math.isfinite(exchange.stop_at) else -1.0]
+        if self.network is not None:
+            header.append(self.runtime.elapsed())  # when it was posted, for the network model
+        send = flatten(self.tensors, *header)
+        received = {j: torch.empty_like(send) for j in exchange.receive_from}
+        ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in exchange.send_to]
+        ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
+        works = dist.batch_isend_irecv(ops) if ops else []
+        step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
+        self._exchange = (send, received, works, exchange)
+        return self._exchange
+
+    def before_optimizer_step(self, step: Step) -> None:
+        send, received, works, exchange = self._exchange or self._post(step)
+        step.begin_sync()
+        k = step.iteration
+        decisions = self.core.handle(ComputeFinished(iteration=k, wants_stop=step.wants_stop))
+        with step.blocking():
+            for work in works:
+                work.wait()
+        end = len(send) - (1 if self.network is None else 2)  # model, stop vote[, time posted]
+        if self.network is not None:
+            self._charge_network(step, send, end, exchange, received)
+        for j, buf in received.items():
+            stop_at = float(buf[end]) if buf[end] >= 0 else math.inf
+            decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
+        [average_] = decisions
+        assert isinstance(average_, Average)
+        average = send[:end] * average_.self_weight
+        for j, buf in received.items():
+            average.add_(buf[:end], alpha=average_.weights[j])
+        with torch.no_grad():
+            unflatten_into(self.drift.apply(average, send), self.tensors)
+        step.stop = average_.stop
+        self._exchange = None
+
+    def _charge_network(self, step: Step, send: torch.Tensor, end: int, exchange: Exchange,
+                        received: dict[int, torch.Tensor]) -> None:
+        """The exchange is usable once the last of its messages would have arrived: the model
+        (`send[:end]`) sent to the out-peers and received from the in-peers, from the latest
+        time one was posted (each message's last value)."""
+        assert self.network is not None
+        rank = self.runtime.rank
+        nbytes = self.network.scaled(end * send.element_size())
+        messages = fan_out(rank, exchange.send_to, nbytes)
+        messages += [Message(j, rank, nbytes) for j in received]
+        posted = max(float(buf[-1]) for buf in [send, *received.values()])
+        modelled = self.network.duration(messages)
+        self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
+
+    def close(self) -> None:
+        """An exchange begun by an iteration that never ran (the script's loop ended without
+        the run stopping, as every rank does at the same iteration) is finished, not left in
+        flight; its average is not applied."""
+        if self._exchange is not None:
+            for work in self._exchange[2]:
+                work.wait()
+            self._exchange = None
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the gradient lands on the averaged model."""

@@ -1,0 +1,16 @@
+"""D-PSGD has no options of its own (its graph is `--topology` with `--weights`): its checks."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hetsync.topology import build
+
+if TYPE_CHECKING:
+    from hetsync.config import RunConfig
+
+__all__ = ["check"]
+
+
+def check(config: RunConfig) -> None:
+    build(config.topology, config.workers, config.weights).require_doubly_stochastic()

@@ -1,0 +1,260 @@
+"""Hop (Luo et al., ASPLOS'19) over torch.distributed: the transport of hetsync.protocols.hop.core.
+
+Theory of operation. The decisions (may this worker start iteration k, which updates does it
+average, when does it skip) are made by `HopCore`; this module only moves messages and
+tensors. Each worker runs up to two receiver threads, one for tagged models from any
+in-neighbour and one for tokens from any out-neighbour (gloo's any-source receive). They
+turn messages into core events on an inbox queue and never block a sender: a model is
+buffered as soon as it arrives, and the core frees it (`Drop`) when no iteration can use it.
+The training thread owns the core:
+
+    begin_iteration:       ReadyToStart -> [SkipTo], StartIteration, SendUpdate  (or Wait)
+    before_optimizer_step: ComputeFinished(k) -> Aggregate, ReturnTokens          (or Wait)
+
+On `Wait` it blocks on the inbox; a wait longer than `--hang-timeout` raises an error that
+names the ranks and tags it waited for. The model sent in iteration k is x_k, the one the
+gradient is computed on, as in D-PSGD: with no backup, staleness or skipping, Hop computes
+exactly D-PSGD's iterates.
+
+Stopping. Workers stop independently (no agreement is needed: nobody waits for a worker that
+left). A stopping worker sends an end marker on each of its channels, after its last update
+or token; its neighbours turn that into `NeighbourLeft`. It then waits for its own receiver
+threads, which end once every neighbour has ended its channels too.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.network.model import Message
+from hetsync.network.patterns import point_to_point
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.hop.core import (
+    Aggregate,
+    ComputeFinished,
+    Decision,
+    Drop,
+    Event,
+    HopCore,
+    NeighbourLeft,
+    ReadyToStart,
+    ReturnTokens,
+    SendUpdate,
+    SkipTo,
+    StartIteration,
+    TokensReceived,
+    UpdateReceived,
+    Wait,
+)
+from hetsync.topology import build
+from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.runtime import Runtime
+
+_UPDATE_TAG, _TOKEN_TAG = 41, 42
+_END = -1.0
+_Item = tuple[Event | BaseException, torch.Tensor | None]
+
+
+@register_protocol("hop")
+class Hop(Protocol):
+    """Queue-based decentralized training with backup workers, staleness and skipping."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config, rank = runtime.config, runtime.rank
+        topology = build(config.topology, runtime.world_size, config.weights)
+        in_peers, out_peers = topology.in_peers(rank), topology.out_peers(rank)
+        self_weight, weights = topology.recv_weights(rank)
+        self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, config.hop_config())
+        self.tensors = model_tensors(model)
+        self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
+        self.timeout = config.hang_timeout
+        self.inbox: queue.Queue[_Item] = queue.Queue()
+        self.updates: dict[tuple[int, int], torch.Tensor] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._running = False
+        self._stopped = False
+        self._trailer = 1 if self.network is None else 2  # [stamp,] tag or end marker
+        size = sum(t.numel() for t in self.tensors) + self._trailer
+        self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
+        self._threads = [
+            threading.Thread(target=self._receive, args=(_UPDATE_TAG, len(in_peers), size),
+                             name="hop-updates", daemon=True),
+            threading.Thread(target=self._receive, args=(_TOKEN_TAG, len(out_peers), 1),
+                             name="hop-tokens", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    # --- the training thread ----------------------------------------------------------------
+    def begin_iteration(self, step: Step) -> None:
+        """Start the iteration (tokens, skip, send). The first starts when needed, so that a
+        model loaded after building the optimizer is the one sent."""
+        if step.iteration > 1 and not self._stopped:
+            self._start(step)
+
+    def _start(self, step: Step) -> None:
+        self._drain(step)
+        self._run(ReadyToStart(), step)
+        self._running = True
+
+    def before_optimizer_step(self, step: Step) -> None:
+        if not self._running:
+            self._start(step)
+        step.begin_sync()
+        self._drain(step)
+        self._run(ComputeFinished(iteration=self.core.iteration), step)
+        self._running = False
+        step.stop = self._stopped = step.wants_stop
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the gradient lands on the averaged model."""
+
+    def _drain(self, step: Step) -> None:
+        """Feed every message that has already arrived (their decisions are only `Drop`s)."""
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+            self._execute(self.core.handle(self._unpack(item)), step)
+
+    def _run(self, event: Event, step: Step) -> None:
+        """Feed `event`, then incoming messages for as long as the core says `Wait`."""
+        decisions = self.core.handle(event)
+        while (wait := self._execute(decisions, step)) is not None:
+            with step.blocking():
+                try:
+                    item = self.inbox.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TimeoutError(self._describe(wait)) from None
+            decisions = self.core.handle(self._unpack(item))
+
+    def _unpack(self, item: _Item) -> Event:
+        event, buffer = item
+        if isinstance(event, BaseException):
+            raise RuntimeError(f"hop receiver thread failed: {event!r}") from event
+        if isinstance(event, UpdateReceived) and buffer is not None:
+            self.updates[event.src, event.tag] = buffer
+        return event
+
+    def _execute(self, decisions: list[Decision], step: Step) -> Wait | None:
+        for decision in decisions:
+            if isinstance(decision, Wait):
+                return decision
+            if isinstance(decision, SkipTo):
+                step.extra["started_at"] = time.time()
+                step.extra["skipped"] = decision.iteration - decision.skipped_from
+                self._average(decision.inputs, decision.self_weight, decision.weights)
+            elif isinstance(decision, StartIteration):
+                step.extra.setdefault("started_at", time.time())
+                step.extra["tag"] = decision.iteration
+            elif isinstance(decision, SendUpdate):
+                update = flatten(self.tensors, *self._stamp(), float(decision.tag),
+                                 device=self.host)
+                self._send(update, decision.to, _UPDATE_TAG, step)
+            elif isinstance(decision, Aggregate):
+                self._average(decision.inputs, decision.self_weight, decision.weights)
+                step.extra["done_at"] = time.time()
+                step.extra["used"] = len(decision.inputs)
+                ages = [decision.iteration - tag for tag in decision.inputs.values()]
+                step.extra["staleness"] = max(ages, default=0)
+            elif isinstance(decision, ReturnTokens):
+                self._send(self._scalar(decision.count), decision.to, _TOKEN_TAG, step)
+            elif isinstance(decision, Drop):
+                for tag in decision.tags:
+                    del self.updates[decision.src, tag]
+        return None
+
+    def _send(self, message: torch.Tensor, to: tuple[int, ...], tag: int, step: Step) -> None:
+        if tag == _UPDATE_TAG:
+            with step.blocking():
+                self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
+        for j in to:
+            self._sends.append((dist.isend(message, j, tag=tag, group=self.group), message))
+        step.bytes_sent += message.numel() * message.element_size() * len(to)
+
+    def _scalar(self, value: float) -> torch.Tensor:
+        return torch.tensor([value], dtype=self.tensors[0].dtype)
+
+    def _wait_sends(self) -> None:
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()
+
+    def _average(
+        self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
+    ) -> None:
+        average = flatten(self.tensors, device=self.host) * self_weight
+        for j, tag in inputs.items():
+            average.add_(self.updates[j, tag][: -self._trailer], alpha=weights[j])
+        with torch.no_grad():
+            unflatten_into(average, self.tensors)
+
+    def _describe(self, wait: Wait) -> str:
+        awaited = [f"an update tagged >= {tag} from rank {j}" for j, tag in wait.updates.items()]
+        awaited += [f"a token from rank {j}" for j in wait.tokens]
+        return (f"hop: rank {self.core.rank} waited {self.timeout:g} s in iteration "
+                f"{wait.iteration} for {' and '.join(awaited)}")
+
+    # --- the receiver threads ----------------------------------------------------------------
+    def _receive(self, tag: int, senders: int, size: int) -> None:
+        """Turn messages into events until every sender has sent its end marker."""
+        try:
+            while senders:
+                buffer = torch.empty(size, dtype=self.tensors[0].dtype)
+                src = dist.recv(buffer, src=None, tag=tag, group=self.group)
+                header = float(buffer[-1])
+                if self.network is not None and header != _END:
+                    self._charge_network(src, tag, buffer)
+                if header == _END:
+                    senders -= 1
+                    self.inbox.put((NeighbourLeft(rank=src), None))
+                elif tag == _UPDATE_TAG:
+                    self.inbox.put((UpdateReceived(src=src, tag=int(header)), buffer))
+                else:
+                    self.inbox.put((TokensReceived(src=src, count=int(header)), None))
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            self.inbox.put((error, None))
+
+    def _stamp(self) -> tuple[float, ...]:
+        """When an update is sent, on the run's clock: what the network model charges from."""
+        return () if self.network is None else (self.runtime.elapsed(),)
+
+    def _charge_network(self, src: int, tag: int, buffer: torch.Tensor) -> None:
+        """Hold a received message until its emulated arrival: an update shares its sender's
+        egress with the copies to its other out-peers, and this worker's ingress with the
+        updates of its other in-peers."""
+        assert self.network is not None
+        me = self.runtime.rank
+        if tag == _UPDATE_TAG:
+            nbytes = self.network.scaled((buffer.numel() - 2) * buffer.element_size())
+            self.runtime.clock_started.wait()
+            sent = self.runtime.t0 + float(buffer[-2])
+            arrival = self.network.deliver(Message(src, me, nbytes), self._fan_out[src], sent)
+            self.network.hold_until(None, arrival, arrival - sent)
+        else:
+            self.network.occupy(point_to_point(src, me, buffer.numel() * buffer.element_size()))
+
+    def close(self) -> None:
+        """End this worker's channels, then wait until every neighbour has ended its own."""
+        self._wait_sends()
+        end = flatten(self.tensors, *self._stamp(), _END, device=self.host)
+        for j in self.core.out_peers:
+            dist.send(end, j, tag=_UPDATE_TAG, group=self.group)
+        for j in self.core.in_peers:
+            dist.send(self._scalar(_END), j, tag=_TOKEN_TAG, group=self.group)
+        for thread in self._threads:
+            thread.join()
+        while not self.inbox.empty():
+            self._unpack(self.inbox.get_nowait())  # raises what a receiver thread hit

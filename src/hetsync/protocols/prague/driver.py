@@ -1,0 +1,310 @@
+"""Prague (Luo et al., ASPLOS'20): Partial All-Reduce among groups of workers.
+
+Theory of operation. After its local step a worker averages its model with a *group* of
+workers (P-Reduce, hetsync.transport.preduce), then starts its next step. Who averages with
+whom comes from one of two places:
+
+- `--schedule random` (default): the Group Generator (hetsync.protocols.prague.group_generator), a
+  thread on rank 0. Rank 0 because it is a fixed, known address every worker can reach with
+  point-to-point messages and the GG's work is tiny (a few microseconds per request), so it
+  costs rank 0 nothing measurable. A worker that finished a step sends a request; the GG
+  answers every member of the group it forms, in one global order, which each worker's
+  `PragueWorkerCore` follows so that conflicting groups never deadlock. Requests, finished
+  groups and goodbyes travel on one tag to rank 0's receiver thread; assignments travel back
+  on another to each worker's receiver thread. Workers stop independently: a worker's last
+  request is answered, and no later group contains it.
+- `--schedule static`: a periodic sequence of partitions (`static_schedule`), no GG traffic
+  and no conflicts; meant for homogeneous clusters. Every worker runs the same steps in
+  lock-step, so all must stop after the same step: after `--max-iterations`, which
+  every worker foresees, or else after a step proposed far enough ahead in the control store
+  by the first worker whose other stop conditions hold (the schedule's period times the
+  number of workers bounds how far apart two workers can be); every worker reads it before
+  each step (`StaticStop`).
+
+Every wait is bounded by `--hang-timeout`, and its error names what was awaited.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.network.patterns import point_to_point, push_pull
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.prague.group_generator import (
+    AssignGroup,
+    Group,
+    GroupFinished,
+    GroupGeneratorCore,
+    GroupRequested,
+    WaitTimedOut,
+)
+from hetsync.protocols.prague.options import group_generator
+from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
+from hetsync.protocols.prague.worker import (
+    GroupAssigned,
+    Leave,
+    PragueWorkerCore,
+    PReduceFinished,
+    RequestGroup,
+    RunPReduce,
+    StartStep,
+    StepFinished,
+)
+from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.preduce import make_preducer
+from hetsync.transport.runtime import Runtime
+
+_TO_GG, _FROM_GG = 51, 52
+_REQUEST, _FINISHED, _BYE = 1.0, 2.0, 3.0
+_STOP_KEY = "prague/stop_at"
+
+
+def _add_time(step: Step, key: str, began: float) -> None:
+    """Accumulate the seconds since `began` in the row's `key` (a step may wait several times)."""
+    step.extra[key] = float(step.extra.get(key, 0.0)) + time.perf_counter() - began  # type: ignore[arg-type]
+
+
+@register_protocol("prague")
+class Prague(Protocol):
+    """Model averaging within groups: random groups from a Group Generator, or static ones."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config, rank = runtime.config, runtime.rank
+        self.rank, self.timeout = rank, config.hang_timeout
+        self.tensors = model_tensors(model)
+        self._host_group = runtime.host_group  # the GG's messages: any source, so gloo
+        self.preducer = make_preducer(config.preduce, rank, runtime.world_size,
+                                      store=runtime.store, network=self.network)
+        self.static = config.schedule == "static"
+        self.period = static_schedule(runtime.world_size, config.workers_per_node)
+        self.stopping = StaticStop(len(self.period) * runtime.world_size, config.max_iterations)
+        self.inbox: queue.Queue[GroupAssigned | BaseException] = queue.Queue()
+        self.core = PragueWorkerCore(rank, runtime.world_size)
+        self._threads: list[threading.Thread] = []
+        self._gg: _GroupGeneratorService | None = None
+        if not self.static:
+            if rank == 0:
+                self._gg = _GroupGeneratorService(group_generator(config), self._deliver,
+                                                  config.ready_wait / 1000.0, self._host_group)
+                self._threads += self._gg.threads
+            elif runtime.world_size > 1:
+                self._threads.append(threading.Thread(target=self._receive, daemon=True,
+                                                      name="prague-assignments"))
+        for thread in self._threads:
+            thread.start()
+
+    def after_optimizer_step(self, step: Step) -> None:
+        step.begin_sync()
+        if self.static:
+            self._static_step(step)
+        else:
+            self._group_step(step)
+
+    # --- random groups from the Group Generator ------------------------------------------
+    def _group_step(self, step: Step) -> None:
+        decisions = self.core.handle(StepFinished(iteration=step.iteration, last=step.wants_stop))
+        while decisions:
+            decision, *decisions = decisions
+            if isinstance(decision, RequestGroup):
+                self._to_gg(_REQUEST, step.iteration, float(decision.last))
+            elif isinstance(decision, RunPReduce):
+                group = decision.group
+                step.extra.setdefault("groups", []).append([group.id, *group.members])
+                self._preduce(group.members, step)
+                self._to_gg(_FINISHED, group.id, 0.0)
+                decisions += self.core.handle(PReduceFinished(group_id=group.id))
+            elif isinstance(decision, (StartStep, Leave)):
+                step.stop = isinstance(decision, Leave)
+                return
+            if not decisions:
+                decisions = self.core.handle(self._next_assignment(step))
+
+    def _next_assignment(self, step: Step) -> GroupAssigned:
+        with step.blocking():
+            began = time.perf_counter()
+            try:
+                item = self.inbox.get(timeout=self.timeout)
+            except queue.Empty:
+                raise TimeoutError(f"prague: rank {self.rank} waited {self.timeout:g} s for "
+                                   f"the Group Generator (rank 0) after step "
+                                   f"{step.iteration}") from None
+            _add_time(step, "gg_wait_s", began)
+        if isinstance(item, BaseException):
+            raise RuntimeError(f"prague: group messages failed: {item!r}") from item
+        return item
+
+    def _to_gg(self, kind: float, value: int, flag: float) -> None:
+        if self._gg is not None:
+            self._gg.put(self.rank, kind, value, flag)
+        else:
+            message = torch.tensor([kind, float(value), flag])
+            dist.send(message, 0, tag=_TO_GG, group=self._host_group)
+
+    def _deliver(self, assign: AssignGroup) -> None:
+        """Rank 0's GG hands rank 0 its own assignments directly."""
+        self.inbox.put(GroupAssigned(group=assign.group, answers_request=assign.answers_request))
+
+    def _receive(self) -> None:
+        """Assignments from the GG, in its order, until the answer to this worker's last
+        request has come and every group it announced has been run."""
+        try:
+            while True:
+                message = torch.empty(3 + self.runtime.world_size)
+                dist.recv(message, 0, tag=_FROM_GG, group=self._host_group)
+                if self.network is not None:  # an answer is charged with its request
+                    sent = push_pull(self.rank, 0, 12, message.numel() * 4) if message[1] else (
+                        point_to_point(0, self.rank, message.numel() * 4))
+                    self.network.occupy(sent)
+                if message[0] < 0:
+                    return
+                size = int(message[2])
+                members = tuple(int(r) for r in message[3 : 3 + size])
+                group = Group(id=int(message[0]), members=members)
+                self.inbox.put(GroupAssigned(group=group, answers_request=bool(message[1])))
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            self.inbox.put(error)
+
+    # --- static schedules ------------------------------------------------------------------
+    def _static_step(self, step: Step) -> None:
+        store, stopping = self.runtime.store, self.stopping
+        proposal = stopping.proposal(step.iteration, step.wants_stop)
+        if proposal is not None:
+            self._learn_stop(store.compare_set(_STOP_KEY, "", str(proposal)), step.iteration)
+        elif stopping.needs_news(step.iteration) and store.check([_STOP_KEY]):
+            self._learn_stop(store.get(_STOP_KEY), step.iteration)
+        members = static_group(self.period, step.iteration, self.rank)
+        step.extra["groups"] = [[step.iteration, *members]]
+        self._preduce(members, step)
+        step.stop = stopping.stops_after(step.iteration)
+
+    def _learn_stop(self, agreed: bytes, iteration: int) -> None:
+        try:
+            self.stopping.learn(int(agreed.decode()), iteration)
+        except RuntimeError as error:
+            raise RuntimeError(f"prague: rank {self.rank} {error}") from None
+
+    # --- shared ----------------------------------------------------------------------------
+    def _preduce(self, members: tuple[int, ...], step: Step) -> None:
+        if len(members) == 1:
+            return
+        flat = flatten(self.tensors)
+        with step.blocking():
+            began = time.perf_counter()
+            self.preducer.average(flat, members)
+            _add_time(step, "preduce_s", began)
+        if self.network is not None:
+            nbytes = self.network.scaled(flat.numel() * flat.element_size())
+            self.network.after_blocking(step, self.preducer.messages(members, nbytes),
+                                        f"preduce{len(members)}", time.perf_counter() - began)
+        with torch.no_grad():
+            unflatten_into(flat, self.tensors)
+        step.bytes_sent += flat.numel() * flat.element_size() * (len(members) - 1)
+
+    def close(self) -> None:
+        """Say goodbye to the GG; rank 0 waits until every worker has said it."""
+        if not self.static:
+            self._to_gg(_BYE, 0, 0.0)
+            for thread in self._threads:
+                thread.join()
+            if self._gg is not None:
+                self._gg.raise_error()
+                if self.runtime.run_dir is not None:
+                    stats = dataclasses.asdict(self._gg.core.stats)
+                    (self.runtime.run_dir / "group_generator.json").write_text(json.dumps(stats))
+        self.preducer.close()
+
+
+class _GroupGeneratorService:
+    """Rank 0's GG: a receiver thread turns messages into events; a generator thread owns the
+    core and sends assignments (to rank 0 itself through `deliver`)."""
+
+    def __init__(
+        self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup], None], ready_wait: float,
+        host_group: dist.ProcessGroup | None,
+    ) -> None:
+        self.core = core
+        self._host_group = host_group
+        self.world = core.world
+        self.deliver = deliver
+        self.inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
+        self.error: BaseException | None = None
+        self.ready_wait = ready_wait
+        self.threads = [threading.Thread(target=self._serve, name="prague-gg", daemon=True)]
+        if self.world > 1:
+            self.threads.append(threading.Thread(target=self._receive, name="prague-gg-recv",
+                                                 daemon=True))
+
+    def put(self, rank: int, kind: float, value: int, flag: float) -> None:
+        self.inbox.put((rank, kind, value, flag))
+
+    def _receive(self) -> None:
+        try:
+            remaining = self.world - 1
+            while remaining:
+                message = torch.empty(3)
+                src = dist.recv(message, src=None, tag=_TO_GG, group=self._host_group)
+                kind, value, flag = float(message[0]), int(message[1]), float(message[2])
+                remaining -= kind == _BYE
+                self.put(src, kind, value, flag)
+        except BaseException as error:  # noqa: BLE001 - reported by the serving thread
+            self.error = error
+            self.put(-1, _BYE, 0, 0.0)
+
+    def _serve(self) -> None:
+        try:
+            byes = 0
+            while byes < self.world and self.error is None:
+                wait = self.ready_wait if self.core.waiting else None
+                try:
+                    rank, kind, value, flag = self.inbox.get(timeout=wait)
+                except queue.Empty:
+                    self._send_all(self.core.handle(WaitTimedOut()))
+                    continue
+                if kind == _BYE:
+                    byes += 1
+                    self._end(rank)
+                elif kind == _REQUEST:
+                    event = GroupRequested(rank=rank, iteration=value, last=bool(flag))
+                    self._send_all(self.core.handle(event))
+                else:
+                    self._send_all(self.core.handle(GroupFinished(group_id=value, rank=rank)))
+        except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
+            self.error = error
+
+    def _send_all(self, assignments: list[AssignGroup]) -> None:
+        for assign in assignments:
+            if assign.rank == 0:
+                self.deliver(assign)
+            else:
+                self._send(assign.rank, assign.group, assign.answers_request)
+
+    def _end(self, rank: int) -> None:
+        """`rank` said goodbye: end its assignment channel."""
+        if rank > 0:
+            self._send(rank, None, False)
+
+    def _send(self, rank: int, group: Group | None, answers_request: bool) -> None:
+        """One assignment (or, with no group, the end marker). A blocking send returns at
+        once: the worker's receiver thread always waits for the next one."""
+        message = torch.full((3 + self.world,), -1.0)
+        if group is not None:
+            message[:3] = torch.tensor([group.id, float(answers_request), len(group.members)])
+            message[3 : 3 + len(group.members)] = torch.tensor(group.members)
+        dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
+
+    def raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"prague: the Group Generator failed: {self.error!r}")

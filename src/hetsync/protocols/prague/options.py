@@ -1,0 +1,94 @@
+"""Prague's options (`--group-size`, `--schedule`, `--gg-policy`, `--group-buffer`, ...), their
+checks, and the Group Generator they configure."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+from hetsync.errors import ConfigError
+from hetsync.protocols.prague.group_generator import POLICIES, GroupGeneratorCore
+from hetsync.protocols.prague.static_schedule import static_schedule, validate_period
+from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
+
+if TYPE_CHECKING:
+    from hetsync.config import RunConfig
+
+__all__ = ["Options", "check", "group_generator"]
+
+
+@dataclass
+class Options:
+    group_size: int = 3
+    """Prague: workers per group (random groups)."""
+    schedule: str = "random"
+    """Prague: random (groups from the Group Generator) or static (a fixed periodic schedule)."""
+    gg_policy: str = "ready"
+    """Prague: ready (groups of workers that are waiting; measured fastest) or random (the
+    paper's)."""
+    group_buffer: bool = False
+    """Prague: Group Buffer, to cut conflicts (see group_buffer_mode)."""
+    group_buffer_mode: str = "queue"
+    """Prague: which reading of Group Buffer: queue (recommended) or batch."""
+    group_division: int = 1
+    """Prague: Group Division, groups form within K divisions of the workers."""
+    ready_wait: float = 20.0
+    """Prague, ready policy: ms the GG waits for a full group before grouping who waits."""
+    preduce: str = "auto"
+    """Prague: P-Reduce implementation: auto (by the network model; mesh on a free network),
+    mesh, ring, leader or subgroup."""
+    workers_per_node: int | None = None
+    """Prague, static schedule: node size for the node-aware schedule (None: power-of-two)."""
+
+    HELP: ClassVar[dict[str, str]] = {
+        "group_size": "Prague: workers per group",
+        "schedule": "Prague: random (Group Generator) or static (fixed periodic partitions)",
+        "gg_policy": "Prague: ready (groups of waiting workers) or random (the paper's)",
+        "group_buffer": "Prague: Group Buffer (fewer conflicts; see --group-buffer-mode)",
+        "group_buffer_mode": "Prague: queue (recommended) or batch reading of Group Buffer",
+        "group_division": "Prague: Group Division, groups form within K divisions",
+        "ready_wait": "Prague, --gg-policy ready: ms to wait for a full group",
+        "preduce": "Prague: P-Reduce implementation: auto (by the network model), mesh, ring, "
+        "leader or subgroup",
+        "workers_per_node": "Prague, --schedule static: node size (node-aware schedule)",
+    }
+    DEFAULT_TEXT: ClassVar[dict[str, str]] = {"workers_per_node": "the power-of-two schedule"}
+    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
+        "schedule": ("random", "static"), "gg_policy": POLICIES,
+        "group_buffer_mode": ("queue", "batch"), "preduce": PREDUCE_KINDS,
+    }
+    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("ready_wait",)
+    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ("group_size", "group_division")
+    FINITE: ClassVar[tuple[str, ...]] = ("ready_wait",)
+
+
+def group_generator(config: RunConfig) -> GroupGeneratorCore:
+    """The Group Generator's core for `config` (seeded by the run's seed)."""
+    return GroupGeneratorCore(
+        config.workers, config.group_size, random.Random(f"prague/{config.seed}"),
+        policy=config.gg_policy, buffer=config.group_buffer_mode if config.group_buffer else "off",
+        divisions=config.group_division,
+    )
+
+
+def check(config: RunConfig) -> None:
+    if not 1 <= config.group_size <= config.workers:
+        raise ConfigError(f"--group-size must be in 1..{config.workers} (the number of "
+                          f"workers) (got {config.group_size})")
+    if config.schedule == "static":
+        per_node = config.workers_per_node
+        if per_node is not None and per_node < 1:
+            raise ConfigError(f"--workers-per-node must be >= 1 (got {per_node})")
+        if per_node is not None and config.workers % per_node:
+            raise ConfigError(f"--workers-per-node {per_node} does not divide --workers "
+                              f"{config.workers} into whole nodes")
+        validate_period(config.workers, static_schedule(config.workers, per_node))
+        return
+    if config.group_buffer and config.gg_policy != "random":
+        raise ConfigError("--group-buffer applies to --gg-policy random (ready groups never "
+                          "conflict): add --gg-policy random")
+    try:
+        group_generator(config)
+    except ValueError as error:
+        raise ConfigError(f"prague: {error}") from None

@@ -1,0 +1,218 @@
+"""One Prague worker's side of the Group Generator protocol: when to ask, reduce, step; no I/O.
+
+Theory of operation. The worker loops: local step -> ask the Group Generator (GG) for a group
+-> P-Reduce (average within the group) -> next step. The GG may also put this worker into
+groups other workers asked for; they queue up and run in id order, the GG's one global order
+(so no wait cycle can form across workers; see `group_generator`, which also says why the
+channels must be FIFO: a group older than one already received raises). A group that arrives
+during a step waits for the step's end: the P-Reduce is a collective the driver runs between
+steps. The next step starts once the GG has answered this step's request and the queue is
+empty, so every step is averaged at least once and no member of a queued group is kept waiting
+for a step that need not have started. A `last` step is followed by `Leave` instead.
+
+Events in: `StepFinished`, `GroupAssigned` (a message from the GG), `PReduceFinished`.
+Decisions out, to execute in order: `RequestGroup` (send to the GG), `RunPReduce` (run it,
+then feed `PReduceFinished`, and tell the GG `GroupFinished`), `StartStep`, `Leave`. The
+core is born in COMPUTING: the driver starts step `first_iteration` by itself.
+
+Errors: an event the driver should not feed now (a step never started, a P-Reduce never run)
+raises `LocalProtocolError`; a GG message that breaks the protocol (a group without this rank,
+out of the global order, an answer to no request) raises `RemoteProtocolError`. Afterwards
+the core is in ERROR and every call raises.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.protocols.prague.group_generator import Group
+
+__all__ = [
+    "Decision", "GroupAssigned", "Leave", "PReduceFinished", "PragueWorkerCore", "RequestGroup",
+    "RunPReduce", "StartStep", "StepFinished", "WorkerState",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepFinished:
+    """Local step `iteration` is done; `last`: the worker stops after averaging it."""
+
+    iteration: int
+    last: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupAssigned:
+    """The GG put this worker in `group`; `answers_request`: it answers this worker's request
+    (possibly naming a group already assigned, which then needs no second P-Reduce)."""
+
+    group: Group
+    answers_request: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PReduceFinished:
+    """The driver completed the P-Reduce of group `group_id`."""
+
+    group_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestGroup:
+    """Send `GroupRequested(rank, iteration, last)` to the GG."""
+
+    rank: int
+    iteration: int
+    last: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunPReduce:
+    """Average the model with `group`'s members (a group of one is a no-op)."""
+
+    group: Group
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StartStep:
+    """Run local step `iteration`."""
+
+    iteration: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leave:
+    """Every group of this worker is done; it may leave the run."""
+
+
+Decision = RequestGroup | RunPReduce | StartStep | Leave
+
+
+class WorkerState(Enum):
+    COMPUTING = "computing"  # a local step runs; groups that arrive queue up
+    SYNCING = "syncing"  # step done; waiting for the GG's answer (queue empty)
+    REDUCING = "reducing"  # a P-Reduce runs
+    DONE = "done"  # the last step is averaged and the queue empty: Leave was returned
+    ERROR = "error"  # a misuse or a broken invariant; every call raises
+
+
+class PragueWorkerCore:
+    """The decisions of one Prague worker (see the module doc)."""
+
+    def __init__(self, rank: int, world: int, first_iteration: int = 1) -> None:
+        if not 0 <= rank < world:
+            raise ValueError(f"Arg `rank` must be in 0..{world - 1} (got {rank})")
+        self.rank = rank
+        self._state = WorkerState.COMPUTING
+        self._iteration = first_iteration
+        self._queue: deque[Group] = deque()
+        self._running: Group | None = None
+        self._awaiting_answer = False
+        self._last = False
+        self._newest_id = -1
+        self._started_since_request: set[int] = set()
+
+    @property
+    def state(self) -> WorkerState:
+        return self._state
+
+    @property
+    def iteration(self) -> int:
+        """The step running (COMPUTING) or last finished (otherwise)."""
+        return self._iteration
+
+    @property
+    def queued(self) -> tuple[Group, ...]:
+        """Groups assigned and not started, in the order they will run."""
+        return tuple(self._queue)
+
+    @property
+    def running(self) -> Group | None:
+        return self._running
+
+    @property
+    def awaiting_answer(self) -> bool:
+        """The GG has not answered this step's request yet."""
+        return self._awaiting_answer
+
+    def handle(self, event: object) -> list[Decision]:
+        """Take one event; return the decisions to execute, in order."""
+        if self._state is WorkerState.ERROR:
+            raise LocalProtocolError(f"rank {self.rank}: core is in ERROR; got {event!r}")
+        try:
+            if isinstance(event, StepFinished):
+                return self._on_step_finished(event)
+            if isinstance(event, GroupAssigned):
+                return self._on_group_assigned(event)
+            if isinstance(event, PReduceFinished):
+                return self._on_preduce_finished(event)
+            raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
+        except ProtocolError:
+            self._state = WorkerState.ERROR
+            raise
+
+    def _on_step_finished(self, event: StepFinished) -> list[Decision]:
+        if self._state is not WorkerState.COMPUTING or event.iteration != self._iteration:
+            raise self._local(event, f"expected StepFinished(iteration={self._iteration}) "
+                              f"while COMPUTING")
+        self._awaiting_answer, self._last = True, event.last
+        self._started_since_request.clear()
+        self._state = WorkerState.SYNCING
+        request = RequestGroup(rank=self.rank, iteration=event.iteration, last=event.last)
+        return [request, *self._next()]
+
+    def _on_group_assigned(self, event: GroupAssigned) -> list[Decision]:
+        group = event.group
+        if self._state is WorkerState.DONE:
+            raise self._remote(event, "this rank already left")
+        if self.rank not in group:
+            raise self._remote(event, "the group does not contain this rank")
+        known = group.id in self._started_since_request or group in self._queue
+        if event.answers_request and not self._awaiting_answer:
+            raise self._remote(event, "it answers no request of this rank")
+        if not known and group.id <= self._newest_id:
+            raise self._remote(event, f"group {group.id} arrives after group {self._newest_id}: "
+                               f"out of the global order, or assigned twice")
+        if known and not event.answers_request:
+            raise self._remote(event, f"group {group.id} is assigned twice")
+        if not known:
+            self._newest_id = group.id
+            self._queue.append(group)
+        if event.answers_request:
+            self._awaiting_answer = False
+        return self._next() if self._state is WorkerState.SYNCING else []
+
+    def _on_preduce_finished(self, event: PReduceFinished) -> list[Decision]:
+        if self._running is None or event.group_id != self._running.id:
+            running = f"group {self._running.id}" if self._running else "none"
+            raise self._local(event, f"the P-Reduce running is {running}")
+        self._running = None
+        self._state = WorkerState.SYNCING
+        return self._next()
+
+    def _next(self) -> list[Decision]:
+        """In SYNCING: run the next queued group, or step, or leave, or wait for the answer."""
+        if self._queue:
+            self._running = self._queue.popleft()
+            self._started_since_request.add(self._running.id)
+            self._state = WorkerState.REDUCING
+            return [RunPReduce(group=self._running)]
+        if self._awaiting_answer:
+            return []
+        if self._last:
+            self._state = WorkerState.DONE
+            return [Leave()]
+        self._iteration += 1
+        self._state = WorkerState.COMPUTING
+        return [StartStep(iteration=self._iteration)]
+
+    def _local(self, event: object, problem: str) -> LocalProtocolError:
+        return LocalProtocolError(f"rank {self.rank} in state {self._state.name}: cannot take "
+                                  f"{event!r}: {problem}")
+
+    def _remote(self, event: object, problem: str) -> RemoteProtocolError:
+        return RemoteProtocolError(f"rank {self.rank} in state {self._state.name}: GG sent "
+                                   f"{event!r}: {problem}")

@@ -1,0 +1,283 @@
+"""The parameter server's decisions, sync (with backup workers) and async, and its workers'; no I/O.
+
+Theory of operation. Every worker pushes a gradient computed on the model version it last
+pulled, with its stop vote, and waits for the reply: the server's model at some version. So
+each worker has at most one push outstanding, and every push is answered exactly once.
+
+- `mode="sync"`: rounds, as `hetsync.protocols.ps.rounds.SyncRounds` keeps them. A round adds the
+  pushes computed on its version (`Accumulate`) and closes at min(n - backup, live) of them:
+  the server applies their mean (`Apply`, divisor = their count) and answers them. A push whose
+  round already closed (a backup worker's) is dropped: answered at once with the current model,
+  its staleness > 0. Stop votes are OR-ed; every reply from the first round closed after a vote
+  says stop.
+- `mode="async"`: each push is applied as it arrives, with 1/n of the learning rate and 1/n of
+  its buffer change (n pushes then move the model as far as one sync round), and only its
+  sender is answered. staleness = the server's version before applying it - the version the
+  gradient was computed on. Replies never say stop: workers stop on their own.
+
+A worker that leaves (`Bye`, after its last reply) is no longer waited for by sync rounds; its
+leaving may close the open round. Server events come from workers, so a push that breaks these
+rules (a second push before its reply, a version the server never had, anything after a `Bye`)
+raises `RemoteProtocolError`.
+
+`PSWorkerCore` is one worker's side: it tags each push with the version of its last reply and
+decides its stop (the reply's in sync mode, its own vote in async mode) and whether its
+gradient was dropped (sync with backups). Both cores do O(1) work per event, plus O(round) when
+a round closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.protocols.ps.rounds import Reply, SyncRounds
+
+__all__ = [
+    "Accumulate", "Answer", "Apply", "Bye", "GradientReady", "Leave", "LoadModel", "PSServerCore",
+    "PSState", "PSWorkerCore", "Push", "ReplyReceived", "SendBye", "SendPush", "ServerDecision",
+    "WorkerDecision",
+]
+
+MODES = ("sync", "async")
+_frozen = {"frozen": True, "slots": True, "kw_only": True}
+
+
+# --- the server's events and decisions ---------------------------------------------------------
+@dataclass(**_frozen)
+class Push:
+    """`rank` pushed a gradient computed on model `version`, with its stop `vote`."""
+
+    rank: int
+    version: int
+    vote: bool
+
+
+@dataclass(**_frozen)
+class Bye:
+    """`rank` left the run (after its last reply)."""
+
+    rank: int
+
+
+@dataclass(**_frozen)
+class Accumulate:
+    """Add `rank`'s push (gradient and buffer change) to the sums of the next `Apply`."""
+
+    rank: int
+
+
+@dataclass(**_frozen)
+class Apply:
+    """Step the server's model to `version`: gradient = sums / `divisor`, at the learning rate x
+    `lr_scale`; buffers += buffer change sums / `buffer_divisor`; then zero the sums."""
+
+    version: int
+    divisor: int
+    buffer_divisor: int
+    lr_scale: float
+
+
+@dataclass(**_frozen)
+class Answer:
+    """Send `ranks` the model at `version` (now the server's), with `staleness` and `stop`."""
+
+    ranks: tuple[int, ...]
+    version: int
+    staleness: int
+    stop: bool
+
+
+ServerDecision = Accumulate | Apply | Answer
+
+
+# --- the worker's events and decisions ---------------------------------------------------------
+@dataclass(**_frozen)
+class GradientReady:
+    """The gradient of `iteration` is computed; `wants_stop`: this worker's stop conditions."""
+
+    iteration: int
+    wants_stop: bool
+
+
+@dataclass(**_frozen)
+class ReplyReceived:
+    """The server's reply: its model at `version`, `staleness`, `stop`."""
+
+    version: int
+    staleness: int
+    stop: bool
+
+
+@dataclass(**_frozen)
+class Leave:
+    """The worker leaves the run."""
+
+
+@dataclass(**_frozen)
+class SendPush:
+    """Push the gradient (and buffer change) computed on `version`, with `vote`."""
+
+    iteration: int
+    version: int
+    vote: bool
+
+
+@dataclass(**_frozen)
+class LoadModel:
+    """Load the reply's model; `iteration` is done. `dropped`: its gradient was dropped (None
+    without backups); the run stops after it for this worker if `stop`."""
+
+    iteration: int
+    version: int
+    staleness: int
+    dropped: bool | None
+    stop: bool
+
+
+@dataclass(**_frozen)
+class SendBye:
+    """Tell the server this worker left."""
+
+
+WorkerDecision = SendPush | LoadModel | SendBye
+
+
+class PSState(Enum):
+    SERVING = "serving"  # server: taking pushes
+    IDLE = "idle"  # worker: between iterations
+    PUSHED = "pushed"  # worker: waiting for its reply
+    STOPPED = "stopped"  # worker: the run stopped for it; only `Leave` remains
+    DONE = "done"  # worker: left; every call raises
+    ERROR = "error"  # a misuse or a broken invariant; every call raises
+
+
+class PSServerCore:
+    """The parameter server's decisions (see the module doc)."""
+
+    def __init__(self, world: int, mode: str = "sync", backup: int = 0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"Arg `mode` must be one of {MODES} (got {mode!r})")
+        if backup and mode != "sync":
+            raise ValueError("Arg `backup` applies to mode 'sync' (async waits for no one)")
+        self.world, self.sync = world, mode == "sync"
+        self.rounds = SyncRounds(world, backup)  # raises ValueError for a bad backup
+        self.version = 0
+        """The server's model version (async; sync's is `rounds.version`)."""
+        self.state = PSState.SERVING
+        self._awaiting = bytearray(world)  # 1: the rank's push is unanswered
+        self._left = bytearray(world)
+
+    @property
+    def dropped(self) -> int:
+        """Gradients dropped so far (sync with backups)."""
+        return self.rounds.dropped
+
+    def has_left(self, rank: int) -> bool:
+        return bool(self._left[rank])
+
+    def handle(self, event: Push | Bye) -> list[ServerDecision]:
+        if self.state is PSState.ERROR:
+            raise LocalProtocolError(f"ps server: core is in ERROR; got {event!r}")
+        try:
+            return self._handle(event)
+        except ProtocolError:
+            self.state = PSState.ERROR
+            raise
+
+    def _handle(self, event: Push | Bye) -> list[ServerDecision]:
+        if not isinstance(event, Push | Bye):
+            raise LocalProtocolError(f"ps server: unknown event {event!r}")
+        rank = event.rank
+        if not 0 <= rank < self.world or self._left[rank]:
+            raise RemoteProtocolError(f"ps server: {event!r}: "
+                                      + ("that rank left" if 0 <= rank < self.world
+                                         else "no such rank"))
+        if self._awaiting[rank]:
+            raise RemoteProtocolError(f"ps server: {event!r}: its last push is unanswered")
+        if isinstance(event, Bye):
+            self._left[rank] = 1
+            return self._answer(self.rounds.leave()) if self.sync else []
+        self._awaiting[rank] = 1
+        if self.sync:
+            decision = self.rounds.push(rank, event.version, event.vote)
+            accept = [Accumulate(rank=rank)] if decision.accept else []
+            return accept + self._answer(decision.reply)
+        if event.version > self.version:
+            raise RemoteProtocolError(f"ps server: {event!r}: the server is at version "
+                                      f"{self.version}")
+        staleness = self.version - event.version
+        self.version += 1
+        self._awaiting[rank] = 0
+        return [Accumulate(rank=rank),
+                Apply(version=self.version, divisor=1, buffer_divisor=self.world,
+                      lr_scale=1.0 / self.world),
+                Answer(ranks=(rank,), version=self.version, staleness=staleness, stop=False)]
+
+    def _answer(self, reply: Reply | None) -> list[ServerDecision]:
+        if reply is None:
+            return []
+        for rank in reply.ranks:
+            self._awaiting[rank] = 0
+        answer = Answer(ranks=reply.ranks, version=reply.version, staleness=reply.staleness,
+                        stop=reply.stop)
+        if not reply.applied:
+            return [answer]
+        return [Apply(version=reply.version, divisor=reply.applied,
+                      buffer_divisor=reply.applied, lr_scale=1.0), answer]
+
+
+class PSWorkerCore:
+    """One parameter-server worker's decisions (see the module doc)."""
+
+    def __init__(self, rank: int, mode: str = "sync", backup: int = 0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"Arg `mode` must be one of {MODES} (got {mode!r})")
+        self.rank, self.sync, self.backup = rank, mode == "sync", backup
+        self.version = 0
+        """The version of the model last loaded (every worker starts from the server's 0)."""
+        self.iteration = 0
+        self.state = PSState.IDLE
+        self._wants_stop = False
+
+    def handle(self, event: GradientReady | ReplyReceived | Leave) -> list[WorkerDecision]:
+        if self.state in (PSState.ERROR, PSState.DONE):
+            raise LocalProtocolError(f"ps rank {self.rank}: core is in {self.state.name}; "
+                                     f"got {event!r}")
+        try:
+            return self._handle(event)
+        except ProtocolError:
+            self.state = PSState.ERROR
+            raise
+
+    def _handle(self, event: GradientReady | ReplyReceived | Leave) -> list[WorkerDecision]:
+        if isinstance(event, GradientReady):
+            if self.state is not PSState.IDLE or event.iteration <= self.iteration:
+                raise self._local(event)
+            self.iteration, self._wants_stop = event.iteration, event.wants_stop
+            self.state = PSState.PUSHED
+            return [SendPush(iteration=event.iteration, version=self.version,
+                             vote=event.wants_stop)]
+        if isinstance(event, ReplyReceived):
+            if self.state is not PSState.PUSHED:
+                raise RemoteProtocolError(f"ps rank {self.rank}: {event!r} answers no push")
+            if event.version <= self.version:  # applied or dropped, the server moved past
+                raise RemoteProtocolError(f"ps rank {self.rank}: {event!r} answers a push "
+                                          f"computed on version {self.version}")
+            stop = event.stop if self.sync else self._wants_stop
+            self.version = event.version
+            self.state = PSState.STOPPED if stop else PSState.IDLE
+            return [LoadModel(iteration=self.iteration, version=event.version,
+                              staleness=event.staleness,
+                              dropped=event.staleness > 0 if self.backup else None, stop=stop)]
+        if isinstance(event, Leave):
+            if self.state not in (PSState.IDLE, PSState.STOPPED):
+                raise self._local(event)
+            self.state = PSState.DONE
+            return [SendBye()]
+        raise LocalProtocolError(f"ps rank {self.rank}: unknown event {event!r}")
+
+    def _local(self, event: object) -> LocalProtocolError:
+        return LocalProtocolError(f"ps rank {self.rank}: cannot take {event!r} in state "
+                                  f"{self.state.name} (iteration {self.iteration})")

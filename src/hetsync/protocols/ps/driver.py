@@ -1,0 +1,349 @@
+"""Parameter server (Li et al., OSDI 2014): workers push gradients, a server applies them.
+
+Theory of operation. The server is a background thread on rank 0, which also trains as an
+ordinary worker. No extra process is needed, so the world size, the data shards and the
+launcher are those of every other protocol, and the same code runs under torchrun. The cost
+is that rank 0 shares its CPU (and the GIL, released while gloo waits) with the server.
+
+The server holds a copy of each of rank 0's trainable parameters (every worker starts from
+them: SyncOptimizer broadcasts rank 0's model first) in an optimizer of the worker's class with
+the same param groups, so per-group settings (no weight decay on biases) hold. Before every
+step it copies each group's current hyper-parameters (all but "params") from rank 0's
+optimizer, the user's: an lr scheduler stepped on the worker side, or an lr set by hand, takes
+effect at the server. Rank 0's schedule is the one the server follows; all workers normally run
+the same one. Each iteration every worker, rank 0 included, pushes
+
+    [kind (PUSH or BYE), model version the gradient was computed on, stop vote, gradient...,
+     buffer change...]
+
+and waits for the reply, a buffer of the same size
+
+    [new model version, staleness, stop flag, model..., buffers...]
+
+which it copies into its parameters and buffers; its own optimizer step is skipped. Remote
+workers use `send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them with an
+any-source `recv`, which NCCL has not: on NCCL runs these messages go over the runtime's
+gloo host group, and the server's model and every message live in host memory whatever the
+model's device (staged by one copy each way; on CPU the same code copies nothing). Rank 0
+hands its message to the server object directly.
+
+- `--ps-mode sync`: a round collects one gradient from every live worker for the current
+  version, applies their mean in one step, and answers all of them with the new model. The
+  stop votes are OR-ed over the round, so every worker stops after the same iteration.
+  With `--ps-backup b` (backup workers, Chen et al. 2016, "Revisiting Distributed
+  Synchronous SGD") a round closes at the first n - b gradients computed on its version:
+  their mean is applied and they are answered. A gradient arriving after its round closed
+  is dropped (its row has `dropped` 1 and `staleness` > 0) and its sender is answered at
+  once with the current model, so a straggler holds no one back and catches up each
+  iteration. Its stop vote still counts; from the first round closed after a vote, every
+  reply says stop, so all workers end with the same model, the late ones after fewer
+  iterations. The bookkeeping is `hetsync.protocols.ps.rounds.SyncRounds`.
+- `--ps-mode async`: each gradient is applied as it arrives and only its sender gets the new
+  model; staleness = server version at apply time - version the gradient was computed on.
+  Each gradient is applied with 1/n of the learning rate, its share of the synchronous mean:
+  n workers' pushes then move the model as far as one sync round, so both modes take the same
+  learning rate and momentum (at the full rate, 4 async workers with momentum 0.9 diverge on
+  digits). Scaling the rate rather than the gradient keeps that true for optimizers that
+  normalise the gradient (Adam: a gradient scaled by 1/n is a full step) and for weight decay.
+  Workers stop on their own.
+
+Buffers are shared too (floating ones: BatchNorm's running statistics; integer ones such as
+num_batches_tracked stay local). The buffer change a worker pushes is what its forward passes
+did to its floating buffers since it last loaded the server's; the server adds the round's
+mean change (sync) or the change / n (async, like the gradient), and the reply carries the
+server's buffers, which the worker loads. In sync mode the running statistics then follow all
+of the round's batches, as one running statistic over the round would.
+
+Shutdown: in `close()` every remote worker sends BYE; the thread exits after one BYE per
+remote rank, and rank 0's `close()` joins it, so no p2p is in flight at SyncOptimizer's final
+barrier. A worker that leaves is no longer waited for by sync rounds. No worker waits at
+shutdown with backups either: a late push after the stop round is answered at once, with
+stop.
+
+Every decision (what to add, when to apply with which divisor and learning-rate scale, whom to
+answer with which version, staleness and stop; a worker's version tag and stop) comes from
+`hetsync.protocols.ps.core`: `PSServerCore` on the server thread, `PSWorkerCore` on each worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from hetsync.network.emulator import NetworkEmulator
+from hetsync.network.patterns import point_to_point
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.ps.core import (
+    Accumulate,
+    Answer,
+    Apply,
+    Bye,
+    GradientReady,
+    Leave,
+    LoadModel,
+    PSServerCore,
+    PSWorkerCore,
+    Push,
+    ReplyReceived,
+    SendPush,
+    ServerDecision,
+)
+from hetsync.transport.flat import unflatten_into
+from hetsync.transport.runtime import Runtime
+
+PUSH_TAG, PULL_TAG = 21, 22
+_PUSH, _BYE = 1.0, 2.0
+_HEADER = 3  # push: kind, version, vote; reply: version, staleness, stop
+
+
+def _hyper(group: dict[str, Any]) -> dict[str, Any]:
+    """A param group's hyper-parameters: everything but its parameters."""
+    hyper = dict(group)  # one atomic copy: rank 0's thread may be changing the group
+    del hyper["params"]
+    return hyper
+
+
+def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The tensors' values, detached, in one new 1-D host tensor of `dtype` (empty for none):
+    the server's model and every message live in host memory, whatever the model's device."""
+    return torch.cat([torch.zeros(0, dtype=dtype),
+                      *(t.detach().reshape(-1).to(dtype=dtype, device="cpu") for t in tensors)])
+
+
+def _trainable(optimizer: torch.optim.Optimizer) -> list[list[nn.Parameter]]:
+    """The optimizer's parameters that go through the server, group by group."""
+    return [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+
+
+class _Server:
+    """The server's model and rounds; thread-safe, driven by the serving thread and rank 0.
+
+    `optimizer` is rank 0's: the server keeps one copy of each of its trainable parameters,
+    in an optimizer of its class with the same groups, and reads the groups' current
+    hyper-parameters from it before every step. `buffers` are rank 0's floating buffers."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
+                 sync: bool, world: int, group: dist.ProcessGroup | None = None,
+                 backup: int = 0, network: NetworkEmulator | None = None) -> None:
+        self.source, self.group, self.network = optimizer, group, network
+        groups = _trainable(optimizer)
+        self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
+                       for p in group]
+        self.grads = [torch.zeros_like(p) for p in self.params]
+        for p, g in zip(self.params, self.grads, strict=True):
+            p.grad = g
+        copies = iter(self.params)
+        self.optimizer = type(optimizer)([
+            {**_hyper(group), "params": [next(copies) for _ in params]}
+            for group, params in zip(optimizer.param_groups, groups, strict=True)
+        ])
+        self.dtype = self.params[0].dtype
+        self.size = sum(p.numel() for p in self.params)
+        self.buffers = _flat(buffers, self.dtype)
+        self.version = 0
+        self.core = PSServerCore(world, "sync" if sync else "async", backup)
+        self.cond = threading.Condition()
+        self.send_lock = threading.Lock()  # one thread at a time sends replies
+        self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
+        self.delta_sum = torch.zeros_like(self.buffers)
+        self.local_reply: torch.Tensor | None = None
+        self.bytes_sent = 0
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._serve, args=(world - 1,),
+                                       name="hetsync-ps", daemon=True)
+        if world > 1:
+            self.thread.start()
+
+    def push(self, msg: torch.Tensor) -> torch.Tensor:
+        """Rank 0's push; blocks until its reply exists (the end of the round in sync mode)."""
+        with self.cond:
+            self._check()
+            sends = self._accept(msg, 0)
+        self._send(sends)
+        with self.cond:
+            self.cond.wait_for(lambda: self.local_reply is not None or self.error is not None)
+            self._check()
+            reply, self.local_reply = self.local_reply, None
+        assert reply is not None
+        return reply
+
+    def take_bytes_sent(self) -> int:
+        with self.cond:
+            sent, self.bytes_sent = self.bytes_sent, 0
+        return sent
+
+    def close(self) -> None:
+        """Rank 0 leaves; wait for every remote worker's BYE."""
+        with self.cond:
+            sends = self._leave(0)
+        self._send(sends)
+        if self.thread.is_alive():
+            self.thread.join()
+        with self.cond:
+            self._check()
+
+    def _serve(self, remote: int) -> None:
+        buf = torch.empty(_HEADER + self.size + self.buffers.numel(), dtype=self.dtype)
+        try:
+            while remote > 0:
+                src = dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
+                if self.network is not None and buf[0] != _BYE:  # pushes queue at rank 0's NIC
+                    self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
+                with self.cond:
+                    if buf[0] == _BYE:
+                        remote -= 1
+                        sends = self._leave(src)
+                    else:
+                        sends = self._accept(buf, src)
+                self._send(sends)
+        except BaseException as err:  # surfaced by rank 0's next push or close
+            with self.cond:
+                self.error = err
+                self.cond.notify_all()
+
+    def _check(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"ps: the parameter server thread died: {self.error!r}") \
+                from self.error
+
+    def _accept(self, msg: torch.Tensor, src: int) -> list[tuple[int, torch.Tensor]]:
+        """Take one gradient and buffer change (lock held); return the replies to send to
+        remote ranks."""
+        push = Push(rank=src, version=int(msg[1]), vote=bool(msg[2] > 0))
+        return self._execute(self.core.handle(push), msg)
+
+    def _leave(self, rank: int) -> list[tuple[int, torch.Tensor]]:
+        """`rank` left (lock held): sync rounds stop waiting for it."""
+        return self._execute(self.core.handle(Bye(rank=rank)), None)
+
+    def _execute(self, decisions: list[ServerDecision],
+                 msg: torch.Tensor | None) -> list[tuple[int, torch.Tensor]]:
+        """Carry out the core's decisions about `msg`, the push they answer (lock held);
+        return the replies to send to remote ranks."""
+        sends: list[tuple[int, torch.Tensor]] = []
+        for decision in decisions:
+            if isinstance(decision, Accumulate):
+                assert msg is not None
+                self.grad_sum.add_(msg[_HEADER:_HEADER + self.size])
+                self.delta_sum.add_(msg[_HEADER + self.size:])
+            elif isinstance(decision, Apply):
+                self._apply(self.grad_sum.div_(decision.divisor),
+                            self.delta_sum.div_(decision.buffer_divisor), decision.lr_scale)
+                self.grad_sum.zero_()
+                self.delta_sum.zero_()
+                assert self.version == decision.version
+            elif isinstance(decision, Answer):
+                sends += self._deliver(decision)
+        return sends
+
+    def _apply(self, grad: torch.Tensor, delta: torch.Tensor, lr_scale: float = 1.0) -> None:
+        groups = self.source.param_groups
+        if len(groups) != len(self.optimizer.param_groups):
+            raise RuntimeError("ps: the optimizer's param groups changed after it was wrapped")
+        for mine, theirs in zip(self.optimizer.param_groups, groups, strict=True):
+            mine.update(_hyper(theirs))  # e.g. the lr set by rank 0's scheduler
+            mine["lr"] = mine["lr"] * lr_scale
+        unflatten_into(grad, self.grads)
+        self.optimizer.step()
+        self.buffers.add_(delta)
+        self.version += 1
+
+    def _deliver(self, answer: Answer) -> list[tuple[int, torch.Tensor]]:
+        header = torch.tensor([answer.version, answer.staleness, float(answer.stop)],
+                              dtype=self.dtype)
+        reply = _flat([header, *self.params, self.buffers], self.dtype)
+        if 0 in answer.ranks:
+            self.local_reply = reply
+            self.cond.notify_all()
+        return [(rank, reply) for rank in answer.ranks if rank != 0]
+
+    def _model_bytes(self, message: torch.Tensor) -> float:
+        """A push's or reply's size as declared (`--payload`): all but its header."""
+        assert self.network is not None
+        return self.network.scaled((message.numel() - _HEADER) * message.element_size())
+
+    def _send(self, sends: list[tuple[int, torch.Tensor]]) -> None:
+        with self.send_lock:
+            for rank, reply in sends:
+                if self.network is not None:  # replies leave rank 0's NIC one after another
+                    self.network.occupy(point_to_point(0, rank, self._model_bytes(reply)))
+                dist.send(reply, rank, tag=PULL_TAG, group=self.group)
+        if sends:
+            with self.cond:
+                self.bytes_sent += sum(r.numel() * r.element_size() for _, r in sends)
+
+
+@register_protocol("ps")
+class ParameterServer(Protocol):
+    """Gradients pushed to a server thread on rank 0, which answers with the new model."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        self.group = runtime.host_group  # the server receives from any source: gloo
+        self.sync = runtime.config.ps_mode == "sync"
+        self.backup = runtime.config.ps_backup
+        self.core = PSWorkerCore(runtime.rank, runtime.config.ps_mode, self.backup)
+        self.params = [p for group in _trainable(optimizer) for p in group]
+        self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.dtype = self.params[0].dtype
+        self.loaded = _flat(self.buffers, self.dtype)  # as last loaded from the server
+        size = _HEADER + sum(p.numel() for p in self.params) + self.loaded.numel()
+        self.reply = torch.empty(size, dtype=self.dtype)
+        self.server = (
+            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
+                    backup=self.backup, network=self.network)
+            if runtime.rank == 0 else None
+        )
+
+    def before_optimizer_step(self, step: Step) -> None:
+        step.begin_sync()
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        [push] = self.core.handle(GradientReady(iteration=step.iteration,
+                                                wants_stop=step.wants_stop))
+        assert isinstance(push, SendPush)
+        header = torch.tensor([_PUSH, push.version, float(push.vote)], dtype=self.dtype)
+        delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
+        msg = _flat([header, *grads, delta], self.dtype)
+        with step.blocking():
+            if self.server is not None:
+                reply = self.server.push(msg)
+            else:
+                dist.send(msg, 0, tag=PUSH_TAG, group=self.group)
+                dist.recv(self.reply, 0, tag=PULL_TAG, group=self.group)
+                reply = self.reply
+        split = len(reply) - self.loaded.numel()
+        with torch.no_grad():
+            unflatten_into(reply[_HEADER:split], self.params)
+            unflatten_into(reply[split:], self.buffers)
+        self.loaded = _flat(self.buffers, self.dtype)
+        [load] = self.core.handle(ReplyReceived(version=int(reply[0]), staleness=int(reply[1]),
+                                                stop=bool(reply[2] > 0)))
+        assert isinstance(load, LoadModel)
+        step.extra["staleness"] = float(load.staleness)
+        if load.dropped is not None:  # sync with backups: its round closed without it
+            step.extra["dropped"] = float(load.dropped)
+        step.stop = load.stop
+        step.skip_optimizer_step = True
+        if self.server is not None:  # rank 0's own push is local: count what the server sent
+            step.bytes_sent += self.server.take_bytes_sent()
+        else:
+            step.bytes_sent += msg.numel() * msg.element_size()
+
+    def after_optimizer_step(self, step: Step) -> None:
+        """Nothing to do: the server applied the update and the stop was decided above."""
+
+    def close(self) -> None:
+        self.core.handle(Leave())  # -> SendBye; rank 0 leaves the server directly
+        if self.server is not None:
+            self.server.close()
+        else:
+            bye = torch.zeros_like(self.reply)
+            bye[0] = _BYE
+            dist.send(bye, 0, tag=PUSH_TAG, group=self.group)

@@ -1,0 +1,187 @@
+"""One AD-PSGD worker's decisions (roles, partners, the model lock), without processes."""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+
+import pytest
+
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.protocols.adpsgd.core import (
+    ADPSGDCore,
+    ADPSGDState,
+    ByeReceived,
+    ComputeFinished,
+    Finish,
+    Holder,
+    IterationStarted,
+    Leave,
+    LoadAverage,
+    ReplyReceived,
+    RequestReceived,
+    SendBye,
+    SendRequest,
+    Serve,
+    Served,
+    ServerDone,
+    Step,
+    StepFinished,
+    roles,
+)
+
+
+def _core(rank, neighbours, naive=False, seed=0):
+    return ADPSGDCore(rank, neighbours, naive, random.Random(f"adpsgd/{seed}/{rank}"))
+
+
+def test_roles_split_odd_active_from_even_passive_unless_naive():
+    assert roles(1, [0, 2, 2], naive=False) == (True, False, (0, 2), ())
+    assert roles(2, [1, 3], naive=False) == (False, True, (), (1, 3))
+    assert roles(2, [1, 3], naive=True) == (True, True, (1, 3), (1, 3))
+
+
+def test_partner_choice_is_the_injected_rngs_one_choice_per_iteration():
+    core, expected = _core(3, [0, 2, 4, 6], seed=5), random.Random("adpsgd/5/3")
+    for k in range(1, 30):
+        [request] = core.handle(IterationStarted(iteration=k))
+        assert request == SendRequest(partner=expected.choice((0, 2, 4, 6)), iteration=k)
+        core.handle(ComputeFinished(iteration=k))
+        core.handle(ReplyReceived(src=request.partner))
+        core.handle(StepFinished(iteration=k, wants_stop=False))
+
+
+def test_active_loads_the_reply_once_both_it_and_the_gradient_are_in():
+    core = _core(1, [0])
+    assert core.handle(IterationStarted(iteration=1)) == [SendRequest(partner=0, iteration=1)]
+    assert core.handle(ComputeFinished(iteration=1)) == []
+    assert core.handle(ReplyReceived(src=0)) == [LoadAverage(partner=0), Step(iteration=1)]
+    assert core.handle(StepFinished(iteration=1, wants_stop=False)) == [
+        Finish(iteration=1, stop=False)]
+    core.handle(IterationStarted(iteration=2))
+    assert core.handle(ReplyReceived(src=0)) == []  # early reply: loaded after the gradient
+    assert core.handle(ComputeFinished(iteration=2)) == [LoadAverage(partner=0), Step(iteration=2)]
+    assert core.holder is Holder.FREE  # an active-only worker never takes a lock
+
+
+def test_passive_serves_one_request_at_a_time_in_arrival_order_and_not_during_its_step():
+    core = _core(2, [1, 3, 5])
+    assert core.handle(RequestReceived(src=3)) == [Serve(client=3)]
+    assert core.handle(RequestReceived(src=1)) == []
+    assert core.queued == (1,) and core.serving == 3
+    core.handle(IterationStarted(iteration=1))
+    assert core.handle(ComputeFinished(iteration=1)) == []  # the step waits for the lock
+    assert core.handle(Served(src=3)) == [Step(iteration=1)]  # the trainer first
+    assert core.handle(RequestReceived(src=5)) == []
+    assert core.handle(StepFinished(iteration=1, wants_stop=True)) == [
+        Finish(iteration=1, stop=True), Serve(client=1)]
+    assert core.handle(Served(src=1)) == [Serve(client=5)]
+    core.handle(Served(src=5))
+    assert core.handle(Leave()) == []  # passive-only: no partners to say goodbye to
+    for src in (1, 3):
+        assert core.handle(ByeReceived(src=src)) == []
+    assert core.handle(ByeReceived(src=5)) == [ServerDone()]
+
+
+def test_naive_workers_that_pick_each_other_wait_forever_and_it_shows():
+    a, b = _core(0, [1], naive=True), _core(1, [0], naive=True)
+    [to_b] = a.handle(IterationStarted(iteration=1))
+    [to_a] = b.handle(IterationStarted(iteration=1))
+    assert (to_b.partner, to_a.partner) == (1, 0)
+    assert a.handle(RequestReceived(src=1)) == [] and b.handle(RequestReceived(src=0)) == []
+    a.handle(ComputeFinished(iteration=1))
+    b.handle(ComputeFinished(iteration=1))
+    for core, other in ((a, 1), (b, 0)):  # each waits for the other, which cannot serve it
+        assert core.awaiting_reply_from == other and core.queued == (other,)
+        assert core.holder is Holder.REQUEST and not core.can_serve
+        assert core.state is ADPSGDState.FINISHING
+
+
+def test_naive_request_waits_for_the_serve_in_progress():
+    core = _core(0, [1, 2], naive=True, seed=1)
+    assert core.handle(RequestReceived(src=1)) == [Serve(client=1)]
+    assert core.handle(IterationStarted(iteration=1)) == []
+    partner = core.deferred
+    assert core.handle(Served(src=1)) == [SendRequest(partner=partner, iteration=1)]
+    assert core.handle(RequestReceived(src=2 if partner == 1 else 1)) == []  # lock held
+    core.handle(ComputeFinished(iteration=1))
+    assert core.handle(ReplyReceived(src=partner)) == [LoadAverage(partner=partner),
+                                                       Step(iteration=1)]
+
+
+def test_leaving_with_a_request_in_flight_loads_its_reply_then_says_goodbye():
+    core = _core(1, [0, 2])
+    [request] = core.handle(IterationStarted(iteration=1))
+    assert core.handle(Leave()) == []
+    assert core.handle(ReplyReceived(src=request.partner)) == [
+        LoadAverage(partner=request.partner), SendBye(to=(0, 2))]
+    assert core.state is ADPSGDState.DONE
+
+
+def test_refused(assert_refused):
+    started = IterationStarted(iteration=1)
+    assert_refused(_core(1, [0]), [ReplyReceived(src=0)], RemoteProtocolError,
+                   "awaiting a reply from None", then=started)
+    assert_refused(_core(2, [1]), [RequestReceived(src=3)], RemoteProtocolError,
+                   "not a client", then=started)
+    assert_refused(_core(2, [1]), [RequestReceived(src=1), RequestReceived(src=1)],
+                   RemoteProtocolError, "unanswered", then=started)
+    assert_refused(_core(2, [1]), [ByeReceived(src=1), RequestReceived(src=1)],
+                   RemoteProtocolError, "said goodbye", then=started)
+    assert_refused(_core(2, [1]), [Served(src=1)], LocalProtocolError, "lock FREE",
+                   then=started)
+    assert_refused(_core(1, [0]), [ComputeFinished(iteration=1)], LocalProtocolError,
+                   "state IDLE", then=started)
+    assert_refused(_core(1, [0]), [started, ComputeFinished(iteration=1), Leave()],
+                   LocalProtocolError, "state FINISHING", then=started)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
+    """Event simulation, lr 0: models are numbers; messages arrive in random order."""
+    world, rng = 8, random.Random(seed)
+    neighbours = {r: [(r - 1) % world, (r + 1) % world] for r in range(world)}
+    cores = [_core(r, neighbours[r], seed=seed) for r in range(world)]
+    x = [float(r) for r in range(world)]
+    sent: dict[int, float] = {}  # the model each active worker sent with its request
+    replies: dict[int, float] = {}
+    inbox: deque = deque()  # (rank, event) not yet delivered
+    todo = {r: 40 for r in range(world)}  # iterations left
+
+    def run(rank, decisions):
+        for d in decisions:
+            if isinstance(d, SendRequest):
+                sent[rank] = x[rank]
+                inbox.append((d.partner, RequestReceived(src=rank)))
+            elif isinstance(d, Serve):
+                x[rank] = (x[rank] + sent[d.client]) / 2
+                replies[d.client] = x[rank]
+                run(rank, cores[rank].handle(Served(src=d.client)))
+                inbox.append((d.client, ReplyReceived(src=rank)))
+            elif isinstance(d, LoadAverage):
+                x[rank] = replies.pop(rank)
+            elif isinstance(d, Step):
+                run(rank, cores[rank].handle(StepFinished(iteration=d.iteration,
+                                                          wants_stop=False)))
+                todo[rank] -= 1
+                if todo[rank]:
+                    inbox.append((rank, "next"))
+                else:
+                    run(rank, cores[rank].handle(Leave()))
+            elif isinstance(d, SendBye):
+                inbox.extend((j, ByeReceived(src=rank)) for j in d.to)
+
+    for r in range(world):
+        inbox.append((r, "next"))
+    while inbox:
+        rank, event = inbox[rng.randrange(len(inbox))]
+        inbox.remove((rank, event))
+        if event == "next":
+            k = cores[rank].iteration + 1
+            run(rank, cores[rank].handle(IterationStarted(iteration=k)))
+            run(rank, cores[rank].handle(ComputeFinished(iteration=k)))
+        else:
+            run(rank, cores[rank].handle(event))
+    assert all(c.state is ADPSGDState.DONE for c in cores) and not any(todo.values())
+    assert sum(x) == pytest.approx(sum(range(world)))
+    assert all(c.remaining_clients == 0 for c in cores)

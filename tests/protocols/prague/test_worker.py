@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import pytest
+
+from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.protocols.prague.group_generator import Group
+from hetsync.protocols.prague.worker import (
+    GroupAssigned,
+    Leave,
+    PragueWorkerCore,
+    PReduceFinished,
+    RequestGroup,
+    RunPReduce,
+    StartStep,
+    StepFinished,
+    WorkerState,
+)
+
+MINE = Group(id=3, members=(0, 2))
+OTHERS = Group(id=1, members=(0, 1, 3))
+LATER = Group(id=5, members=(0, 4))
+
+
+def _core() -> PragueWorkerCore:
+    return PragueWorkerCore(rank=0, world=5)
+
+
+def test_step_request_reduce_step():
+    core = _core()
+    assert core.state is WorkerState.COMPUTING and core.iteration == 1
+    assert core.handle(StepFinished(iteration=1)) == [RequestGroup(rank=0, iteration=1, last=False)]
+    assert core.state is WorkerState.SYNCING and core.awaiting_answer
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
+    assert core.state is WorkerState.REDUCING and core.running == MINE
+    assert core.handle(PReduceFinished(group_id=3)) == [StartStep(iteration=2)]
+    assert core.state is WorkerState.COMPUTING and core.iteration == 2
+
+
+def test_groups_assigned_during_a_step_run_first_then_the_answer():
+    core = _core()
+    assert core.handle(GroupAssigned(group=OTHERS)) == []
+    assert core.queued == (OTHERS,)
+    assert core.handle(StepFinished(iteration=1)) == [
+        RequestGroup(rank=0, iteration=1, last=False), RunPReduce(group=OTHERS)
+    ]
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
+    assert core.queued == (MINE,)
+    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+    assert core.handle(GroupAssigned(group=LATER)) == []
+    assert core.handle(PReduceFinished(group_id=3)) == [RunPReduce(group=LATER)]
+    assert core.handle(PReduceFinished(group_id=5)) == [StartStep(iteration=2)]
+
+
+def test_no_step_starts_before_the_answer_even_with_an_empty_queue():
+    core = _core()
+    core.handle(GroupAssigned(group=OTHERS))
+    core.handle(StepFinished(iteration=1))
+    assert core.handle(PReduceFinished(group_id=1)) == []
+    assert core.state is WorkerState.SYNCING and core.awaiting_answer
+
+
+@pytest.mark.parametrize("answer_while", ["queued", "running", "done"])
+def test_an_answer_naming_a_group_already_assigned_needs_no_second_preduce(answer_while):
+    core = _core()
+    core.handle(GroupAssigned(group=OTHERS))
+    core.handle(GroupAssigned(group=MINE))
+    core.handle(StepFinished(iteration=1))  # runs OTHERS; MINE waits in the queue
+    if answer_while == "queued":
+        assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
+        assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+        assert core.handle(PReduceFinished(group_id=3)) == [StartStep(iteration=2)]
+        return
+    answer = GroupAssigned(group=OTHERS, answers_request=True)
+    if answer_while == "running":
+        assert core.handle(answer) == []
+        core.handle(PReduceFinished(group_id=1))
+        assert core.handle(PReduceFinished(group_id=3)) == [StartStep(iteration=2)]
+    else:
+        core.handle(PReduceFinished(group_id=1))
+        assert core.handle(PReduceFinished(group_id=3)) == []
+        assert core.handle(answer) == [StartStep(iteration=2)]
+
+
+def test_last_step_leaves_once_every_group_is_done():
+    core = PragueWorkerCore(rank=0, world=5, first_iteration=7)
+    assert core.handle(StepFinished(iteration=7, last=True)) == [
+        RequestGroup(rank=0, iteration=7, last=True)
+    ]
+    core.handle(GroupAssigned(group=MINE, answers_request=True))
+    assert core.handle(PReduceFinished(group_id=3)) == [Leave()]
+    assert core.state is WorkerState.DONE
+
+
+def test_a_group_of_one_is_run_like_any_other():
+    core = _core()
+    core.handle(StepFinished(iteration=1))
+    alone = Group(id=0, members=(0,))
+    answer = GroupAssigned(group=alone, answers_request=True)
+    assert core.handle(answer) == [RunPReduce(group=alone)]
+
+
+@pytest.mark.parametrize(
+    ("events", "error", "match"),
+    [
+        ([StepFinished(iteration=2)], LocalProtocolError,
+         r"rank 0 in state COMPUTING: cannot take StepFinished\(iteration=2, last=False\): "
+         r"expected StepFinished\(iteration=1\)"),
+        ([StepFinished(iteration=1), StepFinished(iteration=1)], LocalProtocolError,
+         "in state SYNCING"),
+        ([PReduceFinished(group_id=3)], LocalProtocolError, "the P-Reduce running is none"),
+        ([StepFinished(iteration=1), GroupAssigned(group=MINE, answers_request=True),
+          PReduceFinished(group_id=1)], LocalProtocolError, "the P-Reduce running is group 3"),
+        (["hello"], LocalProtocolError, "rank 0: unknown event 'hello'"),
+        ([GroupAssigned(group=Group(id=0, members=(1, 2)))], RemoteProtocolError,
+         "does not contain this rank"),
+        ([GroupAssigned(group=MINE, answers_request=True)], RemoteProtocolError,
+         "answers no request of this rank"),
+        ([GroupAssigned(group=MINE), GroupAssigned(group=OTHERS)], RemoteProtocolError,
+         "group 1 arrives after group 3: out of the global order"),
+        ([GroupAssigned(group=MINE), GroupAssigned(group=MINE)], RemoteProtocolError,
+         "group 3 is assigned twice"),
+        ([StepFinished(iteration=1, last=True), GroupAssigned(group=MINE, answers_request=True),
+          PReduceFinished(group_id=3), GroupAssigned(group=LATER)], RemoteProtocolError,
+         "in state DONE: .*this rank already left"),
+    ],
+    ids=["wrong-iteration", "step-while-syncing", "no-preduce-running", "other-preduce",
+         "not-an-event", "group-without-me", "answer-without-request", "out-of-order",
+         "assigned-twice", "after-leaving"],
+)
+def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(
+    events, error, match, assert_refused
+):
+    assert_refused(_core(), events, error, match, then=StepFinished(iteration=1))
+
+
+def test_bad_rank_and_bare_protocol_errors_are_rejected():
+    with pytest.raises(ValueError, match=r"rank.*0\.\.3 \(got 4\)"):
+        PragueWorkerCore(rank=4, world=4)
+    with pytest.raises(TypeError, match="LocalProtocolError or RemoteProtocolError"):
+        ProtocolError("whose fault?")

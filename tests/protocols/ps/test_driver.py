@@ -1,0 +1,161 @@
+"""Parameter server: real multi-process runs in both modes, plus its server object alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.launch.launcher import run
+from hetsync.metrics.summary import read_jsonl
+from hetsync.protocols.ps.driver import _Server
+
+pytestmark = pytest.mark.integration
+
+SCRIPTS = Path(__file__).parents[1] / "scripts"
+
+
+def _launch(script: str, out: Path, **options: object) -> None:
+    out.mkdir()
+    run(RunConfig(script=[str(SCRIPTS / script), str(out)], out=out, quiet=True,
+                  hang_timeout=20.0, **options))
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _push(grad: list[float], version: int = 0, delta: tuple[float, ...] = ()) -> torch.Tensor:
+    return torch.tensor([1.0, version, 0.0, *grad, *delta])
+
+
+def test_sync_workers_hold_the_server_model_and_stop_together(train_run):
+    result = train_run(protocol="ps", ps_mode="sync", workers=3, max_iterations=60,
+                       stop_at_target=False)
+    summary = result.summary
+    assert summary["iterations"] == [60] * 3
+    assert summary["stop_reason"] == "max_iterations"
+    for rank in range(3):
+        rows = read_jsonl(result.run_dir / "workers" / f"rank{rank}.jsonl")
+        losses = [row["loss"] for row in rows]
+        assert _mean(losses[-10:]) < 0.6 * _mean(losses[:10])
+        assert all(row["staleness"] == 0 for row in rows)
+    assert summary["final_accuracy"] > 0.7
+    assert read_jsonl(result.run_dir / "eval.jsonl")[-1]["consensus_distance"] < 1e-10
+
+
+def test_async_workers_go_at_their_own_pace_with_stale_gradients(train_run):
+    result = train_run(protocol="ps", ps_mode="async", workers=4,
+                       slowdown="deterministic:ranks=3,factor=4", step_time=10.0, max_time=8,
+                       stop_at_target=False)
+    iterations = result.summary["iterations"]
+    assert result.summary["stop_reason"] == "max_time"
+    assert iterations[3] < 0.6 * iterations[1]
+    for rank in range(4):
+        rows = read_jsonl(result.run_dir / "workers" / f"rank{rank}.jsonl")
+        assert len(rows) == iterations[rank]
+        assert all(row["staleness"] >= 0 for row in rows)
+        if rank != 3:
+            assert any(row["staleness"] > 0 for row in rows)
+        losses = [row["loss"] for row in rows]
+        assert _mean(losses[-10:]) < 0.6 * _mean(losses[:10])
+    assert result.summary["final_accuracy"] > 0.7
+
+
+def test_backup_workers_leave_the_straggler_behind_and_count_its_dropped_gradients(
+        train_run, loss_fell):
+    result = train_run(protocol="ps", ps_mode="sync", ps_backup=1, workers=4, step_time=20.0,
+                       slowdown="deterministic:ranks=3,factor=5", max_time=4,
+                       stop_at_target=False)
+    summary = result.summary
+    assert min(summary["iterations"][:3]) > 2 * summary["iterations"][3]
+    assert summary["dropped_gradients"] > 0
+    assert summary["final_consensus_distance"] < 1e-10  # all end on the server's model
+    assert loss_fell(result)
+
+
+@pytest.mark.parametrize(("options", "match"), [
+    ({"ps_mode": "async", "ps_backup": 1}, "--ps-backup applies to --ps-mode sync"),
+    ({"ps_backup": 4}, "--ps-backup must be < --workers 4"),
+    ({"ps_backup": -1}, "--ps-backup must not be negative"),
+    ({"protocol": "allreduce", "ps_backup": 1}, "--ps-backup applies to --protocol ps"),
+])
+def test_ps_backup_is_checked_before_starting(options, match):
+    with pytest.raises(ConfigError, match=match):
+        RunConfig(**{"protocol": "ps", "workers": 4, "workload": "digits", **options}).validate()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_server_applies_each_push_with_the_worker_optimizer(sync):
+    param = nn.Parameter(torch.tensor([1.0, 2.0]))
+    buffer = torch.tensor([5.0])
+    server = _Server(torch.optim.SGD([param], lr=0.5), [buffer], sync=sync, world=1)
+    reply = server.push(_push([2.0, -2.0], delta=(1.5,)))
+    assert reply.tolist() == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
+    server.close()
+
+
+def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
+    weight, bias = nn.Parameter(torch.tensor([1.0])), nn.Parameter(torch.tensor([1.0]))
+    worker = torch.optim.SGD([{"params": [weight], "weight_decay": 1.0},
+                              {"params": [bias], "weight_decay": 0.0}], lr=0.5)
+    server = _Server(worker, [], sync=True, world=1)
+    assert server.push(_push([0.0, 0.0])).tolist() == [1.0, 0.0, 0.0, 0.5, 1.0]
+    for group in worker.param_groups:  # as a scheduler does, after the optimizer was wrapped
+        group["lr"] = 0.1
+    reply = server.push(_push([1.0, 1.0], version=1))
+    assert reply.tolist() == pytest.approx([2.0, 0.0, 0.0, 0.35, 0.9])
+    server.close()
+
+
+def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
+    # n pushes at 1/n of the rate: one step's worth, for Adam too (scaling the gradient by
+    # 1/n instead would take n full Adam steps, since Adam normalises the gradient away).
+    param = nn.Parameter(torch.zeros(2))
+    server = _Server(torch.optim.Adam([param], lr=0.1), [], sync=False, world=2)
+    with server.cond:  # the serving thread died at once (no process group); pushes go direct
+        for version in range(2):
+            server._accept(_push([1.0, -2.0], version=version), 1)
+    assert server.params[0].tolist() == pytest.approx([-0.1, 0.1], rel=1e-3)
+
+
+def test_a_dead_server_thread_is_reported_not_waited_for():
+    # No process group: the serving thread's first receive fails.
+    param = nn.Parameter(torch.zeros(2))
+    server = _Server(torch.optim.SGD([param], lr=0.1), [], sync=True, world=2)
+    with pytest.raises(RuntimeError, match="parameter server thread died"):
+        server.push(_push([1.0, 1.0]))
+
+
+def test_sync_follows_param_groups_and_the_workers_lr_schedule_like_allreduce(tmp_path):
+    # Two param groups (weight decay on weights only) and StepLR on the worker's optimizer:
+    # the server must step with the same groups and the current lr, as allreduce does.
+    finals = {}
+    for protocol in ("ps", "allreduce"):
+        _launch("schedule.py", tmp_path / protocol, protocol=protocol, workers=2,
+                max_iterations=8)
+        finals[protocol] = [torch.load(tmp_path / protocol / f"final_rank{r}.pt")
+                            for r in range(2)]
+    for ps_model, allreduce_model in zip(finals["ps"], finals["allreduce"], strict=True):
+        assert torch.equal(ps_model, finals["ps"][0])  # sync: every worker holds the server's
+        assert torch.allclose(ps_model, allreduce_model, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_batchnorm_running_statistics_are_shared_through_the_server(tmp_path, mode):
+    # Rank r's batches have mean 2r: running means kept locally differ by rank. Paced, so
+    # that async workers finish within a few server versions of each other.
+    _launch("batchnorm.py", tmp_path / mode, protocol="ps", ps_mode=mode, workers=2,
+            max_iterations=20, step_time=50.0)
+    saved = [torch.load(tmp_path / mode / f"running_mean_rank{r}.pt") for r in range(2)]
+    shared = torch.stack([s["shared"] for s in saved])
+    local = torch.stack([s["local"] for s in saved])
+    assert (shared.abs().max(1).values > 0.2).all()  # every worker's moved from its initial 0
+    spread = (shared - shared.mean(0)).abs().max()
+    assert spread < 0.3 * (local - local.mean(0)).abs().max()
+    if mode == "sync":
+        assert spread == 0
