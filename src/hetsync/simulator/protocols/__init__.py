@@ -1,4 +1,5 @@
-"""Each protocol's simulation: `build_workers(sim)` around the protocol's own cores.
+"""Each protocol's simulation: module `<protocol>` with `build_workers(sim)` around the
+protocol's own cores (`hetsync.protocols.<protocol>`).
 
 A simulation only schedules what the cores decide; it holds no protocol logic of its own.
 """
@@ -6,7 +7,9 @@ A simulation only schedules what the cores decide; it holds no protocol logic of
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hetsync.errors import ConfigError
@@ -14,20 +17,16 @@ from hetsync.errors import ConfigError
 if TYPE_CHECKING:
     from hetsync.simulator.world import Simulation, SimWorker
 
-__all__ = ["builder"]
+__all__ = ["SIMULATED", "builder"]
 
-#: Protocol name -> module of its simulation (`ddp` is `allreduce` per bucket: one collective
-#: per iteration on the virtual clock).
-MODULES = {
-    "allreduce": "allreduce", "ddp": "allreduce", "ps": "ps", "dpsgd": "dpsgd",
-    "adpsgd": "adpsgd", "hop": "hop", "prague": "prague",
-}
+#: The protocols that have a simulation: the modules beside this one.
+SIMULATED = tuple(sorted(info.name for info in pkgutil.iter_modules([str(Path(__file__).parent)])))
 
 
 def builder(protocol: str) -> Callable[[Simulation], list[SimWorker]]:
     """The `build_workers` of `protocol`'s simulation."""
-    if protocol not in MODULES:
+    if protocol not in SIMULATED:
         raise ConfigError(f"hetsync simulate has no simulation of protocol {protocol!r} "
-                          f"(simulated: {', '.join(sorted(MODULES))})")
-    module = importlib.import_module(f"hetsync.simulator.protocols.{MODULES[protocol]}")
+                          f"(simulated: {', '.join(SIMULATED)})")
+    module = importlib.import_module(f"hetsync.simulator.protocols.{protocol}")
     return module.build_workers  # type: ignore[no-any-return]
