@@ -173,6 +173,23 @@ def test_a_neighbour_that_left_is_not_waited_for():
     assert core.handle(ReadyToStart())[-1] == SendUpdate(tag=2, to=(0,))
 
 
+def test_a_neighbour_whose_token_channel_ends_first_is_still_waited_for_its_last_update():
+    """Rank 2 completed iteration 1 and left; the end marker on its token channel overtook its
+    update tagged 1, still in flight on the other channel. Its tokens show it sent tag 1."""
+    core = ring_core(max_gap=2)
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(ComputeFinished(iteration=1))
+    core.handle(TokensReceived(src=2))
+    assert core.handle(NeighbourLeft(rank=2)) == [Wait(iteration=1, updates={2: 1})]
+    third = pytest.approx(1 / 3)
+    assert core.handle(UpdateReceived(src=2, tag=1))[:2] == [
+        Aggregate(iteration=1, inputs={0: 1, 2: 1}, self_weight=third,
+                  weights={0: third, 2: third}),
+        ReturnTokens(to=(0,), count=1)]
+    assert core.handle(NeighbourLeft(rank=2)) == []  # its update channel's end marker
+
+
 @pytest.mark.parametrize(
     ("events", "error", "match"),
     [
@@ -378,6 +395,24 @@ def test_random_orders_keep_every_invariant_and_everyone_finishes(config, topolo
         assert w.core.completed >= 25
         if not (config.backup or config.staleness or config.skip):
             assert all(set(a.inputs.values()) == {a.iteration} for a in w.aggregates)
+
+
+def test_notify_ack_on_a_random_directed_graph_uses_every_last_update():
+    """A falsifying example of the test above: ranks 3 and 6 finished, and rank 4 got the end
+    markers on their token channels before their updates tagged 25 (it aggregated nothing)."""
+    graph = nx.DiGraph([(0, 5), (1, 0), (2, 3), (2, 6), (3, 1), (3, 4), (4, 3), (4, 6), (5, 2),
+                        (6, 1), (6, 4)])
+    for i in graph:
+        for j in graph.predecessors(i):
+            graph.edges[j, i]["weight"] = 1 / (1 + graph.in_degree(i))
+        graph.nodes[i]["self_weight"] = 1 / (1 + graph.in_degree(i))
+    topology = Topology("random-directed", 7, graph)
+    net = Network(topology, HopConfig(mode="notify-ack"), iterations=25, rng=random.Random(261),
+                  slow={})
+    net.run()
+    for w in net.workers.values():
+        assert [(a.iteration, set(a.inputs.values())) for a in w.aggregates] == [
+            (k, {k}) for k in range(1, 26)]
 
 
 def test_a_very_slow_worker_skips_instead_of_holding_everyone_back():

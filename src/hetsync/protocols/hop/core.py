@@ -22,7 +22,11 @@ Which updates iteration k uses, per in-neighbour j (`staleness` s):
 - an update older than k - s is stale: it is dropped when it arrives or falls out of the window.
 The iteration completes once |in(i)| - `backup` in-neighbours are resolved (all of them with
 backup 0); it averages what it has, with the topology's weights renormalised over the models
-used. A neighbour that left the run is no longer waited for.
+used. A neighbour that left the run is waited for only up to the last update it sent. Its end
+marker comes on each of its channels, and the one on its token channel can overtake updates
+still in flight on the other; so where it also takes this worker's tokens, those (all in by
+its end marker) show the iterations it completed, hence its last tag, and that update is
+still awaited.
 
 Iteration skipping (`skip`): before starting its next iteration k, a worker jumps to the
 iteration k' its in-neighbours' newest updates reach, if k' >= k + `skip_threshold`, capped by
@@ -244,6 +248,7 @@ class HopCore:
         self.held: dict[int, list[int]] = {j: [] for j in self.in_peers}
         self.newest = {j: 0 for j in self.in_peers}
         self.left: set[int] = set()
+        self.last_tag: dict[int, int] = {}  # a left in-neighbour's last update, as its tokens show
         self.held_back_by: set[int] = set()
 
     # --- the one mutating entry point -----------------------------------------------------
@@ -273,7 +278,8 @@ class HopCore:
         elif isinstance(event, NeighbourLeft):
             if event.rank not in self.in_peers and event.rank not in self.out_peers:
                 raise RemoteProtocolError(f"rank {self.rank}: {event} from a non-neighbour")
-            self.left.add(event.rank)
+            if event.rank not in self.left:
+                self._leaving(event.rank)
         else:
             raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
         if self.state is State.STARTING:
@@ -288,6 +294,22 @@ class HopCore:
                                      f"(iteration {self.iteration})")
 
     # --- incoming messages ----------------------------------------------------------------
+    def _leaving(self, j: int) -> None:
+        """Mark j left. Its first end marker may come on the token channel, ahead of updates
+        in flight; its tokens are then all in and give the iterations it completed: held =
+        max_gap + completed by j - started here. The tag it last sent is the one it completed
+        last. An end marker on the update channel comes after every update, and the tokens
+        then undercount, which is harmless."""
+        if j in self.held and j in self.tokens:
+            running = self.state in (State.COMPUTING, State.COLLECTING)
+            started = self.iteration if running else self.iteration - 1
+            self.last_tag[j] = self.tokens[j] + started - self.config.tokens
+        self.left.add(j)
+
+    def _may_send(self, j: int) -> bool:
+        """Whether in-neighbour j may still send an update (module doc)."""
+        return j not in self.left or self.newest[j] < self.last_tag.get(j, 0)
+
     def _receive_update(self, event: UpdateReceived) -> None:
         src, tag = event.src, event.tag
         if src not in self.held:
@@ -374,11 +396,11 @@ class HopCore:
     def _try_finish(self) -> list[Decision]:
         k = self.iteration
         inputs = {j: tag for j in self.in_peers if (tag := self._choice(j)) is not None}
-        can_come = [j for j in self.in_peers if j in inputs or j not in self.left]
+        can_come = [j for j in self.in_peers if j in inputs or self._may_send(j)]
         need = min(len(self.in_peers) - self.config.backup, len(can_come))
         if len(inputs) < need:
             low = k - self.config.staleness
-            missing = {j: low for j in self.in_peers if j not in inputs and j not in self.left}
+            missing = {j: low for j in self.in_peers if j not in inputs and self._may_send(j)}
             return [*self._prune(), Wait(iteration=k, updates=missing)]
         self_weight, weights = self._renormalised(inputs)
         live_in = tuple(j for j in self.in_peers if j not in self.left)
