@@ -9,10 +9,12 @@ from hetsync.bench.plots import plot_speedups
 from hetsync.bench.regime_map import plot_regime_map, regime_cells
 from hetsync.bench.results import speedup
 from hetsync.bench.runner import PlannedRun
+from hetsync.bench.scaling import scaling_lines
 from hetsync.bench.suites import PAPER_RATIOS
 from hetsync.report import write_report
 from hetsync.report.plots import slug
 from hetsync.report.table import MISSING, percent, sig
+from hetsync.simulator.run import TIME_TO_ITERATION
 
 __all__ = ["format_speedup", "headline_lines", "setting_table", "write_markdown"]
 
@@ -160,10 +162,16 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
         "ratios of time to target; \"≥\" marks a bound where the baseline never reached the "
         "target in its run; \"of ideal\" is the throughput over the sum of the workers' own "
         "speeds.\n",
+        *(["Simulated (`hetsync simulate`, docs/simulator.md): times are simulated seconds, "
+           "compute is the step time x slowdown, every message is charged by the network "
+           "model (the machine's loopback where no network is emulated), and the protocols' "
+           "own cores decide.\n"] if results.get("simulated") else []),
         "## Headline\n",
         "\n".join(headline_lines(results)) + "\n",
     ]
     sections += regime_lines(results, out)
+    if results.get("simulated"):
+        sections += scaling_lines(results, out, TIME_TO_ITERATION)
     sections += paper_lines(results)
     bars = plot_speedups(results, out / "plots")
     if bars is not None:

@@ -55,6 +55,8 @@ def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str,
     for key in _MEDIANS:
         row[key] = _median([s.get(key) for s in summaries])
     row["target_loss"] = summaries[0]["target_loss"] if summaries else None
+    row["time_to_iteration_s"] = _median([(s.get("time_to_iteration_s") or {}).get("median_s")
+                                          for s in summaries])  # simulated runs only
     return row
 
 
@@ -127,6 +129,7 @@ def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],
         "description": suite.description,
         "options": asdict(options),
         "max_time_s": runs[0].config.max_time if runs else None,
+        "simulated": options.simulate or suite.simulated,
         "runs_done": sum(r.done for r in runs),
         "runs_total": len(runs),
         "headline": [h for h in map(headline, settings) if h is not None],

@@ -144,6 +144,18 @@ def _evaluation(sim: Simulation, model: str) -> dict[str, Any]:
             "consensus_distance": sim.math.consensus_distance()}
 
 
+#: The iteration `time_to_iteration` reports in simulated summaries (the scaling study's K).
+TIME_TO_ITERATION = 100
+
+
+def time_to_iteration(sim: Simulation, k: int) -> dict[str, Any]:
+    """When the median and the last worker completed iteration `k` (None: not reached)."""
+    times = sorted(w.rows[k - 1]["t"] for w in sim.workers if len(w.rows) >= k)
+    reached = len(times) == sim.world
+    return {"k": k, "median_s": round(times[len(times) // 2], 4) if 2 * len(times) > sim.world
+            else None, "last_s": round(times[-1], 4) if reached else None}
+
+
 def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
            stop_reason: str | None, elapsed: float, options: SimOptions) -> None:
     workers_dir = run_dir / "workers"
@@ -158,6 +170,7 @@ def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
     config = sim.config
     summary = summarize_rows([w.rows for w in sim.workers], evals, config, stop_reason)
     summary["engine"] = "simulator" + (" (math)" if sim.math is not None else "")
+    summary["time_to_iteration_s"] = time_to_iteration(sim, TIME_TO_ITERATION)
     write_summary(run_dir, summary)
     services = {name: {"served": s.served, "busy_fraction": round(
         s.busy_s / sim.clock.now, 4) if sim.clock.now else 0.0, "service_s": s.service_s}
