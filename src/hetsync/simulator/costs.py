@@ -9,9 +9,38 @@ as gloo sees it, so that a simulated free-network run is comparable with a real 
 
 The Group Generator and the parameter server are one thread on rank 0 in real runs: each
 request takes `SERVICE_S[name]` of that thread, and requests queue (FIFO), which is where the
-simulator shows them saturate at scale. The figures below were measured on the project
-machine (docs/simulator.md says how); they are options of `simulate`, not constants of the
-protocols.
+simulator shows them saturate at scale. They are options of `simulate` (`--gg-service-us`,
+`--ps-service-us`), not constants of the protocols.
+
+Calibration. Measured on the project machine (2 CPUs shared with other sessions, load average
+3-21 while measuring), by commands that anyone can re-run:
+
+* `LOCAL_NETWORK`: `python experiments/sim_calibration.py`: two gloo processes ping-pong
+  64 B and 3140 B (an svm model), sleeping 2 ms between rounds as workers do, so each receive
+  wakes a sleeping process: the median one-way latency was 0.23-0.78 ms over three runs
+  (0.7 ms taken, the middle run's; the 90th percentile is 2.5-5 ms), and a 10 MB transfer ran
+  at 1.8-3.0 Gbit/s (2.4 taken). On an idle machine the latency is nearer 0.1 ms: the figure
+  is the scheduler's, not the socket's.
+* `ITERATION_OVERHEAD_S`: `python experiments/sim_validation.py --calibrate` (or
+  `sim_calibration.py --runs DIR`): in the real runs' rows, the increment of `t` minus
+  `compute_s`, `injected_delay_s` and `sync_wait_s`, i.e. what an iteration spends outside
+  its padded compute and its waits (the loop, the row, the heartbeat, the protocol's Python,
+  late wake-ups from sleep). Mean over iterations 6 onwards of the 12 eight-worker,
+  free-network real runs of hop, hop --backup 1 --skip, prague and prague --gg-policy random
+  --group-buffer under the three suite slowdowns: 4.8 ms (per run 1.7-8.6 ms, larger for
+  Prague and under heavier load; at 16 workers on 2 CPUs it grows further).
+* `SERVICE_S["group-generator"]`: `python experiments/sim_calibration.py`: rank 1 sends
+  3000 three-float messages as fast as it can to a copy of the Group Generator's two threads
+  on rank 0 (any-source `recv` -> queue -> serving thread -> one `send` of an assignment per
+  two messages, as a request and a finish alternate); rank 0's process CPU time per message
+  was 0.33 ms, plus 7-36 µs for `GroupGeneratorCore.handle` itself (replayed on 16 workers):
+  0.36 ms. CPU time, since the wall time per message (1.8-3.9 ms) measures the other
+  sessions' load rather than the thread.
+* `SERVICE_S["parameter-server"]` is not re-measured here (an estimate kept from the
+  simulator's first version).
+* `CONTROL_BYTES`: the Group Generator's request is 3 floats (12 B) and its assignment
+  3 + world floats (44 B at 8 workers, 76 B at 16); a Hop token is 1 float. 64 B stands for
+  all: at loopback bandwidth it costs 0.2 µs, nothing next to the latency.
 """
 
 from __future__ import annotations
@@ -25,17 +54,17 @@ from hetsync.slowdown import SlowdownSpec
 __all__ = ["LOCAL_NETWORK", "SERVICE_S", "Costs", "Server"]
 
 #: The loopback of the project machine, as the cost model's NICs: gloo's one-way latency for
-#: small messages between sleeping processes, and its memory-copy bandwidth.
-LOCAL_NETWORK = "bandwidth=8Gbit,latency=100us"
+#: small messages between sleeping processes, and its bulk bandwidth (see Calibration).
+LOCAL_NETWORK = "bandwidth=2400Mbit,latency=700us"
 
 #: Seconds of rank 0's serving thread per request, measured in real runs.
-SERVICE_S = {"group-generator": 60e-6, "parameter-server": 150e-6}
+SERVICE_S = {"group-generator": 360e-6, "parameter-server": 150e-6}
 
 #: Bytes of a control message (a request, a token, an assignment): a few floats.
 CONTROL_BYTES = 64.0
 
 #: Seconds a real iteration spends outside compute and synchronisation (loop, logging).
-ITERATION_OVERHEAD_S = 0.4e-3
+ITERATION_OVERHEAD_S = 4.8e-3
 
 
 @dataclass
