@@ -18,7 +18,7 @@ from hetsync.network.patterns import ring_allreduce
 from hetsync.network.spec import parse_network
 from hetsync.report import write_report
 from hetsync.simulator.protocols import SIMULATED
-from hetsync.simulator.run import SimOptions, build, simulate
+from hetsync.simulator.run import SimOptions, build, run_events, simulate
 
 #: One variant per protocol, as the bench suites run them.
 VARIANTS = {
@@ -102,9 +102,7 @@ def test_averaging_conserves_the_sum_of_the_models_with_lr_0(tmp_path, protocol,
     sim.math.x += torch.randn(sim.math.x.shape, generator=torch.Generator().manual_seed(0))
     before = sim.math.x.sum(0).clone()
     spread = (sim.math.x - sim.math.x.mean(0)).abs().max()
-    from hetsync.simulator.run import _run
-
-    _run(sim, [], progress=False)
+    run_events(sim, [], progress=False)
     assert torch.allclose(sim.math.x.sum(0), before, atol=1e-4)
     assert (sim.math.x - sim.math.x.mean(0)).abs().max() < 0.5 * spread  # they mixed
 

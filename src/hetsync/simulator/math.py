@@ -18,6 +18,7 @@ collective or a P-Reduce, `mix` for a weighted neighbourhood average of publishe
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,11 +27,13 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.transport.flat import flatten
 from hetsync.workloads import SVM_L2, get_workload
+from hetsync.workloads.datasets import DataSplit
 from hetsync.workloads.sharding import Shard
 
 __all__ = ["MATH_WORKLOADS", "MathModel"]
 
 MATH_WORKLOADS = ("svm",)
+_DATA: dict[tuple[str, Path | None], DataSplit] = {}  # loaded once per process (fuzzing runs many)
 
 
 class MathModel:
@@ -44,7 +47,8 @@ class MathModel:
         # hand-offs, which cost milliseconds on a busy machine instead of microseconds.
         torch.set_num_threads(1)
         workload = get_workload(config.workload)
-        data = workload.load(config.data_dir)
+        key = (config.workload, config.data_dir)
+        data = _DATA[key] if key in _DATA else _DATA.setdefault(key, workload.load(config.data_dir))
         world = config.workers
         torch.manual_seed(config.seed)  # the same initial model as a real run's
         initial = flatten(list(workload.build_model().parameters())).detach()
@@ -57,6 +61,9 @@ class MathModel:
         self.momentum = float(config.momentum if config.momentum is not None
                               else workload.momentum)
         self._stepped = [False] * world
+        self.gradients = True
+        """False: skip the gradients (they stay 0), for runs where only averaging matters
+        (fuzzing with lr 0)."""
         self.last_loss: list[float | None] = [None] * world
         batch = config.batch_size or workload.batch_size
         n = len(data.train_y)
@@ -76,6 +83,8 @@ class MathModel:
     # --- one worker ------------------------------------------------------------------------
     def gradient(self, rank: int, model: torch.Tensor | None = None) -> None:
         """The gradient of `rank`'s next minibatch at its model (or at `model`)."""
+        if not self.gradients:
+            return
         x, y = next(self._batches[rank])
         params = self.x[rank] if model is None else model
         w, b = params[:-1], params[-1]

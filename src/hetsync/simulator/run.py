@@ -30,7 +30,7 @@ from hetsync.simulator.protocols import builder
 from hetsync.simulator.world import Simulation
 from hetsync.workloads import get_workload
 
-__all__ = ["SimOptions", "build", "simulate"]
+__all__ = ["SimOptions", "build", "run_events", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
         evals: list[dict[str, Any]] = []
         stop_reason = None
         try:
-            _run(sim, evals, options.progress)
+            run_events(sim, evals, options.progress)
         except Deadlock as error:
             stop_reason = f"failed: {error}"
             raise
@@ -87,7 +87,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
     return RunResult(run_dir, json.loads((run_dir / "summary.json").read_text()))
 
 
-def _run(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> None:
+def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> None:
+    """Run a built simulation to its end (`evals` collects the --math evaluations)."""
     config, clock = sim.config, sim.clock
     for worker in sim.workers:
         clock.at(0.0, worker.start)

@@ -17,6 +17,7 @@ from hetsync.simulator.clock import Clock
 from hetsync.simulator.costs import SERVICE_S, Costs
 
 if TYPE_CHECKING:
+    from hetsync.simulator.jitter import Jitter
     from hetsync.simulator.math import MathModel
 
 __all__ = ["SimWorker", "Simulation"]
@@ -35,6 +36,8 @@ class Simulation:
     """Set when the consensus model reaches the target (`--math` with `--stop-at-target`)."""
     service_s: dict[str, float] = field(default_factory=lambda: dict(SERVICE_S))
     """Seconds per request of each central service (`costs.SERVICE_S`, or `simulate`'s)."""
+    jitter: Jitter | None = None
+    """Random extra delays (fuzzing); None: the costs as modelled."""
     services: dict[str, Any] = field(default_factory=dict)
     """Central services (name -> `Server`), for their load figures in simulation.json."""
 
@@ -45,6 +48,17 @@ class Simulation:
     @property
     def world(self) -> int:
         return self.config.workers
+
+    def deliver(self, src: int, dst: int, at: float, action: Any, *args: Any) -> None:
+        """A message from `src` to `dst` that the costs say arrives at `at`: run `action(*args)`
+        when it does (later, under `jitter`)."""
+        if self.jitter is not None:
+            at = self.jitter.arrive(src, dst, at)
+        self.clock.at(at, action, *args)
+
+    def control(self, src: int, dst: int, action: Any, *args: Any) -> None:
+        """A control message (a request, a token, a goodbye) from `src` to `dst`, sent now."""
+        self.deliver(src, dst, self.clock.now + self.costs.latency(src, dst), action, *args)
 
     def wants_stop(self, iteration: int) -> bool:
         """A worker's own stop conditions, after computing `iteration` (as `Step.wants_stop`)."""
@@ -81,6 +95,8 @@ class SimWorker:
     def compute(self, iteration: int, then: Any, *args: Any) -> None:
         """Run the compute of `iteration`, then call `then(*args)`."""
         seconds, injected = self.sim.costs.compute(self.rank, iteration)
+        if self.sim.jitter is not None:
+            seconds *= self.sim.jitter.compute_factor()
         self._compute_s += seconds - injected
         self._injected_s += injected
         self.sim.clock.after(seconds, then, *args)

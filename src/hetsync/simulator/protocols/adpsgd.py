@@ -77,7 +77,8 @@ class ADPSGDSimWorker(SimWorker):
                 if math is not None:
                     math.send_model(self.rank)
                 arrival = self._send(partner)
-                sim.clock.at(arrival, self.peers[partner].receive, RequestReceived(src=self.rank))
+                sim.deliver(self.rank, partner, arrival, self.peers[partner].receive,
+                            RequestReceived(src=self.rank))
                 self.charge(nbytes=sim.costs.payload_bytes)
             elif isinstance(decision, Serve):
                 client = decision.client
@@ -85,7 +86,8 @@ class ADPSGDSimWorker(SimWorker):
                     self.peers[client]._reply[self.rank] = math.serve(self.rank, client)
                 arrival = self._send(client)
                 sent = arrival - sim.costs.network.nics[self.rank].latency
-                sim.clock.at(arrival, self.peers[client].receive, ReplyReceived(src=self.rank))
+                sim.deliver(self.rank, client, arrival, self.peers[client].receive,
+                            ReplyReceived(src=self.rank))
                 sim.clock.at(sent, self.receive, Served(src=client))
             elif isinstance(decision, LoadAverage):
                 if math is not None:
@@ -108,8 +110,8 @@ class ADPSGDSimWorker(SimWorker):
                     self._begin(decision.iteration + 1)
             elif isinstance(decision, SendBye):
                 for partner in decision.to:
-                    sim.clock.after(sim.costs.latency(self.rank, partner),
-                                    self.peers[partner].receive, ByeReceived(src=self.rank))
+                    sim.control(self.rank, partner, self.peers[partner].receive,
+                                ByeReceived(src=self.rank))
             elif isinstance(decision, ServerDone):
                 self._server_done = True
                 self._maybe_finish()

@@ -65,7 +65,7 @@ class DPSGDSimWorker(SimWorker):
                 arrivals = sim.costs.network.send(messages, at=sim.clock.now)
                 event = ModelReceived(src=self.rank, iteration=k, stop_at=decision.stop_at)
                 for dst, arrival in zip(to, arrivals, strict=True):
-                    sim.clock.at(arrival, self.peers[dst].receive, event)
+                    sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
                 self.charge(nbytes=sim.costs.payload_bytes * len(to))
             elif isinstance(decision, Average):
                 self.unblock()

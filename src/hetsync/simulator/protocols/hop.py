@@ -54,7 +54,7 @@ class HopWorker(SimWorker):
         math = self.sim.math
         if math is not None:
             math.gradient(self.rank)
-        self._stopping = self.sim.wants_stop(iteration)
+        self._stopping = self.sim.wants_stop(self.iteration + 1)  # rows, as Step.iteration
         self._run(ComputeFinished(iteration=iteration))
 
     def _run(self, event: Any) -> None:
@@ -73,11 +73,11 @@ class HopWorker(SimWorker):
         sim, math = self.sim, self.sim.math
         if isinstance(decision, SendUpdate):
             nbytes, copies, now = sim.costs.payload_bytes, len(decision.to), sim.clock.now
-            network, clock = sim.costs.network, sim.clock
+            network = sim.costs.network
             event = UpdateReceived(src=self.rank, tag=decision.tag)
             for dst in decision.to:
                 arrival = network.deliver(Message(self.rank, dst, nbytes), now, copies)
-                clock.at(arrival, self.peers[dst].receive, event)
+                sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
             self.charge(nbytes=nbytes * copies)
             if math is not None:
                 math.publish(self.rank, decision.tag, copies)
@@ -86,10 +86,9 @@ class HopWorker(SimWorker):
             self._extra["tag"] = decision.iteration
             self.compute(decision.iteration, self._computed, decision.iteration)
         elif isinstance(decision, ReturnTokens):
-            costs, clock = sim.costs, sim.clock
             event = TokensReceived(src=self.rank, count=decision.count)
             for dst in decision.to:
-                clock.after(costs.latency(self.rank, dst), self.peers[dst].receive, event)
+                sim.control(self.rank, dst, self.peers[dst].receive, event)
         elif isinstance(decision, Aggregate):
             self.unblock()
             if math is not None:
@@ -112,10 +111,9 @@ class HopWorker(SimWorker):
         return False
 
     def _leave(self) -> None:
-        clock, costs = self.sim.clock, self.sim.costs
         event = NeighbourLeft(rank=self.rank)
         for peer in self.neighbours:
-            clock.after(costs.latency(self.rank, peer), self.peers[peer].receive, event)
+            self.sim.control(self.rank, peer, self.peers[peer].receive, event)
         self.finish()
 
 

@@ -92,10 +92,10 @@ class GroupGeneratorService:
             self._send(self.core.handle(WaitTimedOut()))
 
     def _send(self, assignments: list[Any]) -> None:
-        clock, costs = self.sim.clock, self.sim.costs
+        clock = self.sim.clock
         for assign in assignments:
             message = GroupAssigned(group=assign.group, answers_request=assign.answers_request)
-            clock.after(costs.latency(0, assign.rank), self.workers[assign.rank].receive, message)
+            self.sim.control(0, assign.rank, self.workers[assign.rank].receive, message)
         if self.ready_wait is not None:
             self._timer += 1
             if self.core.waiting:
@@ -141,7 +141,7 @@ class PragueWorker(SimWorker):
                 assert self.gg is not None
                 event = GroupRequested(rank=self.rank, iteration=decision.iteration,
                                        last=decision.last)
-                sim.clock.after(sim.costs.latency(self.rank, 0), self.gg.receive, event)
+                sim.control(self.rank, 0, self.gg.receive, event)
                 self.block("the Group Generator's answer")
             elif isinstance(decision, RunPReduce):
                 group = decision.group
@@ -173,7 +173,7 @@ class PragueWorker(SimWorker):
         assert self.gg is not None
         sim = self.sim
         event = GroupFinished(group_id=group.id, rank=self.rank)
-        sim.clock.after(sim.costs.latency(self.rank, 0), self.gg.receive, event)
+        sim.control(self.rank, 0, self.gg.receive, event)
         return self.core.handle(PReduceFinished(group_id=group.id))
 
     def _end_step(self) -> None:

@@ -64,7 +64,7 @@ class ServerThread:
                     if math is not None:
                         math.load_server(rank)  # the worker waits: nothing changes it meanwhile
                     arrival = _send(sim, 0, rank)
-                    sim.clock.at(arrival, self.workers[rank].reply, reply)
+                    sim.deliver(0, rank, arrival, self.workers[rank].reply, reply)
 
 
 def _send(sim: Simulation, src: int, dst: int) -> float:
@@ -93,7 +93,7 @@ class PSSimWorker(SimWorker):
         for decision in self.core.handle(event):
             assert isinstance(decision, SendPush)
             push = Push(rank=self.rank, version=decision.version, vote=decision.vote)
-            sim.clock.at(_send(sim, self.rank, 0), self.server.receive, push)
+            sim.deliver(self.rank, 0, _send(sim, self.rank, 0), self.server.receive, push)
             self.charge(nbytes=sim.costs.payload_bytes)
             self.block("the parameter server's reply")
 
@@ -114,8 +114,7 @@ class PSSimWorker(SimWorker):
         sim = self.sim
         for decision in self.core.handle(Leave()):
             assert isinstance(decision, SendBye)
-            sim.clock.after(sim.costs.latency(self.rank, 0), self.server.receive,
-                            Bye(rank=self.rank))
+            sim.control(self.rank, 0, self.server.receive, Bye(rank=self.rank))
         self.finish()
 
 

@@ -1,0 +1,142 @@
+"""Fuzzing every protocol's cores in one process: the simulator under random schedules.
+
+Each schedule is a small simulated run (4 to 8 workers, a random slowdown) in which every
+compute takes a random fraction more or less and every message a random extra delay, keeping
+each channel's order (`Jitter`), with every worker starting from its own random model and a
+learning rate of 0, so that only averaging moves the models (`--math`). The cores decide as
+in real runs; a schedule fails if any of the protocol's promises breaks:
+
+- it ends: no deadlock, no protocol error (the cores check their own invariants as they go:
+  Hop's gap bound on every update, the Group Generator's global order, a round's members);
+- every worker completes its iterations;
+- Hop: no update older than `--staleness` is used (without skipping);
+- Prague: every group is run by all of its members, each worker runs its groups in id order
+  (the Group Generator's global order), and members agree on who is in a group;
+- the sum of the models is conserved where the protocol promises it (the averaging
+  protocols: every weighted average is doubly stochastic).
+
+`fuzz(variant, schedules)` returns the counts; tests run a few dozen schedules per variant,
+`experiments/fuzz_protocols.py` a thousand and more (docs/failures.md has the counts).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hetsync.config import RunConfig
+from hetsync.errors import Deadlock
+from hetsync.simulator.jitter import Jitter
+from hetsync.simulator.run import SimOptions, build, run_events
+
+__all__ = ["CONSERVING", "VARIANTS", "FuzzResult", "fuzz"]
+
+#: The variants fuzzed: every protocol, and every option that changes who waits for whom.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "allreduce": {"protocol": "allreduce"},
+    "ps-sync": {"protocol": "ps"},
+    "ps-backup1": {"protocol": "ps", "ps_backup": 1},
+    "ps-async": {"protocol": "ps", "ps_mode": "async"},
+    "dpsgd": {"protocol": "dpsgd"},
+    "adpsgd": {"protocol": "adpsgd"},
+    "hop": {"protocol": "hop"},
+    "hop-notify-ack": {"protocol": "hop", "hop_mode": "notify-ack"},
+    "hop-backup1-skip": {"protocol": "hop", "backup": 1, "skip": True},
+    "hop-staleness2": {"protocol": "hop", "staleness": 2, "max_gap": 4},
+    "prague": {"protocol": "prague"},
+    "prague-random": {"protocol": "prague", "gg_policy": "random"},
+    "prague-paper": {"protocol": "prague", "gg_policy": "random", "group_buffer": True},
+    "prague-batch": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
+                     "group_buffer_mode": "batch"},
+    "prague-static": {"protocol": "prague", "schedule": "static"},
+}
+#: Variants whose averaging conserves the sum of the models (with lr 0); the others replace
+#: models by a server's (ps), drop late updates (backup) or merge unequally (skipping).
+CONSERVING = frozenset({"allreduce", "dpsgd", "adpsgd", "hop", "hop-notify-ack", "prague",
+                        "prague-random", "prague-paper", "prague-batch", "prague-static"})
+_ITERATIONS = 12
+
+
+@dataclass
+class FuzzResult:
+    variant: str
+    schedules: int = 0
+    events: int = 0
+    groups: int = 0
+    """P-Reduces checked (Prague)."""
+    failures: list[str] = field(default_factory=list)
+    """One line per failed schedule: its seed and what broke."""
+
+
+def fuzz(variant: str, schedules: int, seed: int = 0, math: bool = True) -> FuzzResult:
+    """Run `schedules` random schedules of `variant` (a key of `VARIANTS`)."""
+    result = FuzzResult(variant)
+    for k in range(schedules):
+        schedule_seed = seed * 1_000_003 + k
+        try:
+            result.events, result.groups = _schedule(variant, schedule_seed, math, result)
+        except (Deadlock, AssertionError, RuntimeError, ValueError) as error:
+            first = str(error).splitlines()[0] if str(error) else type(error).__name__
+            result.failures.append(f"seed {schedule_seed}: {type(error).__name__}: {first}")
+        result.schedules += 1
+    return result
+
+
+def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[int, int]:
+    rng = random.Random(seed)
+    options = VARIANTS[variant]
+    workers = rng.choice((4, 6, 8))  # even: AD-PSGD's ring must be bipartite
+    slow = rng.choice(("none", f"random:p=0.3,factor={rng.choice((2, 5))}",
+                       f"deterministic:ranks={rng.randrange(workers)},factor=4"))
+    config = RunConfig(workload="svm", workers=workers, step_time=50.0, slowdown=slow,
+                       max_iterations=_ITERATIONS, seed=seed % 2**31, lr=0.0, quiet=True,
+                       **options).validate().resolved()
+    sim = build(config, SimOptions(math=math, progress=False))
+    sim.jitter = Jitter(seed, message_s=rng.choice((1e-4, 5e-3, 0.03)))
+    before = None
+    if sim.math is not None:
+        sim.math.gradients = False  # lr 0: only averaging moves the models
+        generator = torch.Generator().manual_seed(seed)
+        sim.math.x += torch.randn(sim.math.x.shape, generator=generator)
+        before = sim.math.x.sum(0)
+    run_events(sim, [], progress=False)
+    done = [len(worker.rows) for worker in sim.workers]
+    if options.get("ps_backup"):  # the stop is agreed at a round: late workers did fewer
+        assert max(done) == _ITERATIONS and min(done) >= 1, f"iterations completed: {done}"
+    else:
+        assert done == [_ITERATIONS] * workers, f"iterations completed: {done}"
+    if options["protocol"] == "hop" and not options.get("skip"):
+        bound = options.get("staleness", 0)
+        old = max(row["staleness"] for w in sim.workers for row in w.rows)
+        assert old <= bound, f"hop used an update {old} iterations old (bound {bound})"
+    groups = _check_groups(sim) if options["protocol"] == "prague" else 0
+    if before is not None and variant in CONSERVING:
+        assert sim.math is not None
+        drift = float((sim.math.x.sum(0) - before).abs().max())
+        assert drift < 1e-3, f"the sum of the models drifted by {drift:.2g}"
+    return result.events + sim.clock.events, result.groups + groups
+
+
+def _check_groups(sim: Any) -> int:
+    """Every group run by all its members, in id order on each, with agreed members."""
+    members: dict[int, tuple[int, ...]] = {}
+    ran: dict[int, set[int]] = {}
+    for worker in sim.workers:
+        ids = [group[0] for row in worker.rows for group in row["groups"]]
+        if sim.config.schedule != "static":
+            assert ids == sorted(ids) and len(set(ids)) == len(ids), (
+                f"rank {worker.rank} ran groups out of the global order: {ids}")
+        for row in worker.rows:
+            for group_id, *group in row["groups"]:
+                key = tuple(group)
+                assert members.setdefault(group_id, key) == key or sim.config.schedule == (
+                    "static"), f"group {group_id}: members disagree ({members[group_id]}, {key})"
+                ran.setdefault(group_id, set()).add(worker.rank)
+    if sim.config.schedule != "static":
+        for group_id, ranks in ran.items():
+            assert ranks == set(members[group_id]), (
+                f"group {group_id} {members[group_id]} was run by {sorted(ranks)} only")
+    return len(ran)
