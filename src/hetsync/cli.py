@@ -52,6 +52,8 @@ _RUN_HELP = {
     "payload": "charge messages as if the model weighed this: bytes (100MB) or a model name "
     "(resnet50, vgg16, bert-base, ...); needs --network",
     "overwrite": "replace the run already in --out (without it, such an --out is refused)",
+    "fault": "inject failures: kill:rank=R,at=20s | stop:rank=R,at=10s[,for=5s] | "
+    "raise:rank=R,at=ITER | hang:rank=R,at=ITER, joined by ';' (tests, experiments)",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",
@@ -347,6 +349,9 @@ def _simulate(config: RunConfig, args: argparse.Namespace) -> int:
                          ps_service_us=args.ps_service_us, progress=not config.quiet)
     result = simulate(config, options)
     _print_result(result.run_dir, result.summary)
+    reason = result.summary["stop_reason"]
+    if reason:
+        print(f"hetsync: note: the simulation was {reason}", file=sys.stderr)
     return 0
 
 

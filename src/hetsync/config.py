@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from hetsync.errors import ConfigError
+from hetsync.faults import parse_faults
 from hetsync.network.spec import parse_network, parse_payload
 from hetsync.protocols.catalog import BUILTIN, PROTOCOL_OPTIONS, check_protocol_options
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
@@ -85,6 +86,8 @@ class _RunOptions:
     """Declared model size that messages are charged for; none: the real model's."""
     overwrite: bool = False
     """Replace a run already in --out (otherwise refused)."""
+    fault: str = "none"
+    """Failures to inject on purpose (see hetsync.faults), for tests and experiments."""
     quiet: bool = False
     keep_snapshots: bool = False
     script: list[str] = field(default_factory=list)
@@ -145,6 +148,10 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         network = parse_network(self.network)
         if network is not None:
             network.check_ranks(self.workers)
+        for fault in parse_faults(self.fault):
+            if fault.rank >= self.workers:
+                raise ConfigError(f"--fault names rank {fault.rank}, but there are only "
+                                  f"{self.workers} workers (ranks 0..{self.workers - 1})")
         if parse_payload(self.payload) is not None and network is None:
             raise ConfigError("--payload charges messages on an emulated network: give --network")
         if protocol is None:

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from hetsync.api import STOP_KEY
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
@@ -96,8 +97,10 @@ def _run(config: RunConfig, run_dir: Path) -> RunResult:
     monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output)
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     bar = _progress_bar(config)
+    faults = FaultPlan(parse_faults(config.fault))
     try:
         while not monitor.check():
+            _inject(faults, procs, monitor)
             _update_bar(bar, config, monitor, evaluation)
             time.sleep(0.2)
             if evaluation is not None:
@@ -117,6 +120,16 @@ def _run(config: RunConfig, run_dir: Path) -> RunResult:
     summary = summarize(run_dir, config, next((r for r in reasons if r), None))
     write_summary(run_dir, summary)
     return RunResult(run_dir, summary)
+
+
+_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
+
+
+def _inject(faults: FaultPlan, procs: list[subprocess.Popen[bytes]], monitor: Monitor) -> None:
+    """`--fault`'s kills and stops, done to the workers' processes when due (run time)."""
+    for action, rank in faults.external_due(monitor.progress().elapsed):
+        if procs[rank].poll() is None:
+            os.kill(procs[rank].pid, _SIGNALS[action])
 
 
 def _summarize_failure(run_dir: Path, config: RunConfig, error: BaseException) -> None:

@@ -7,8 +7,6 @@ Run as `python -m hetsync.launch.worker` by the launcher, or under torchrun thro
 from __future__ import annotations
 
 import dataclasses
-import os
-import signal
 import time
 
 import torch
@@ -17,13 +15,10 @@ import torch.distributed as dist
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
+from hetsync.faults import FaultPlan, parse_faults
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.workloads import Shard, get_workload
-
-#: Test hook: "RANK:ITERATION:KIND" makes that rank fail at that iteration (KIND is raise,
-#: kill or hang), to exercise the launcher's failure reporting on real processes.
-ENV_FAULT = "HETSYNC_FAULT"
 
 
 def train(config: RunConfig | None = None) -> SyncOptimizer:
@@ -42,14 +37,15 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         momentum=config.momentum if config.momentum is not None else workload.momentum,
     )
     opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
-    fault = _parse_fault(runtime.rank)
-    while not opt.should_stop:
+    faults = FaultPlan(parse_faults(config.fault))  # --fault's raise and hang (kill, stop:
+    while not opt.should_stop:                      # the launcher's)
         x, y = next(batches)
         opt.zero_grad()
         loss = workload.loss(opt.model(x.to(runtime.device)), y.to(runtime.device))
         loss.backward()
-        if fault is not None and opt.iteration + 1 == fault[0]:
-            _inject_fault(fault[1])
+        fault = faults.inside_due(runtime.rank, opt.iteration + 1, runtime.elapsed())
+        if fault is not None:
+            _inject_fault(fault.kind)
         opt.step(loss=loss)
     opt.close()
     return opt
@@ -77,19 +73,9 @@ def run_under_torchrun(config: RunConfig) -> None:
         hetsync.shutdown()
 
 
-def _parse_fault(rank: int) -> tuple[int, str] | None:
-    spec = os.environ.get(ENV_FAULT)
-    if not spec:
-        return None
-    fault_rank, iteration, kind = spec.split(":")
-    return (int(iteration), kind) if int(fault_rank) == rank else None
-
-
 def _inject_fault(kind: str) -> None:
     if kind == "raise":
-        raise RuntimeError("injected fault (HETSYNC_FAULT)")
-    if kind == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("injected fault (--fault)")
     if kind == "hang":
         while True:
             time.sleep(1)

@@ -75,7 +75,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
         evals: list[dict[str, Any]] = []
         stop_reason = None
         try:
-            run_events(sim, evals, options.progress)
+            stop_reason = run_events(sim, evals, options.progress)
         except Deadlock as error:
             stop_reason = f"failed: {error}"
             raise
@@ -87,8 +87,12 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
     return RunResult(run_dir, json.loads((run_dir / "summary.json").read_text()))
 
 
-def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> None:
-    """Run a built simulation to its end (`evals` collects the --math evaluations)."""
+def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> str | None:
+    """Run a built simulation to its end (`evals` collects the --math evaluations); raise
+    `Deadlock` if the events run out with workers waiting. A run still going `--hang-timeout`
+    simulated seconds after `--max-time` (an iteration longer than that: a parameter server
+    whose link takes minutes per round at 1024 workers) is cut there: the reason is returned,
+    and what it measured so far is summarised as for any run."""
     config, clock = sim.config, sim.clock
     for worker in sim.workers:
         clock.at(0.0, worker.start)
@@ -110,12 +114,13 @@ def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> 
             done = until if config.max_time is not None else min(w.iteration for w in sim.workers)
             bar.update(done - bar.n)
             if until >= horizon:
-                raise Deadlock(f"the run did not end {config.hang_timeout:g} simulated s "
-                               f"after --max-time: " + _stuck(sim))
+                return (f"cut: not ended {config.hang_timeout:g} simulated s after --max-time "
+                        f"({_stuck(sim)})")
     finally:
         gc.enable()
         bar.close()
     sim.check_finished()
+    return None
 
 
 def _stuck(sim: Simulation) -> str:
