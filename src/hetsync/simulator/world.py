@@ -8,6 +8,7 @@ worker's per-iteration row in the format real workers log (docs/run-directory.md
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -85,8 +86,7 @@ class SimWorker:
         self.iteration = 0
         """Iterations completed."""
         self.done = False
-        self.waiting_for = ""
-        """What the worker is blocked on, for a deadlock report ("" while it runs)."""
+        self._waiting_for: str | Callable[[], str] = ""
         self.rows: list[dict[str, Any]] = []
         self._blocked_at: float | None = None
         self._compute_s = self._injected_s = self._wait_s = self._network_s = 0.0
@@ -101,17 +101,25 @@ class SimWorker:
         self._injected_s += injected
         self.sim.clock.after(seconds, then, *args)
 
-    def block(self, waiting_for: str) -> None:
-        """The worker stops making progress until `unblock()`: synchronisation time."""
+    @property
+    def waiting_for(self) -> str:
+        """What the worker is blocked on, for a deadlock report ("" while it runs)."""
+        what = self._waiting_for
+        return what if isinstance(what, str) else what()
+
+    def block(self, waiting_for: str | Callable[[], str]) -> None:
+        """The worker stops making progress until `unblock()`: synchronisation time. What it
+        waits for may be given as a function, called only for a report (formatting a text
+        for every wait would cost more than the rest of the wait's bookkeeping)."""
         if self._blocked_at is None:
             self._blocked_at = self.sim.clock.now
-        self.waiting_for = waiting_for
+        self._waiting_for = waiting_for
 
     def unblock(self) -> None:
         if self._blocked_at is not None:
             self._wait_s += self.sim.clock.now - self._blocked_at
             self._blocked_at = None
-        self.waiting_for = ""
+        self._waiting_for = ""
 
     def charge(self, network_s: float = 0.0, nbytes: float = 0.0) -> None:
         """Count modelled transfer time and bytes sent towards this iteration's row."""
@@ -137,4 +145,4 @@ class SimWorker:
     def finish(self) -> None:
         """The worker left the run."""
         self.done = True
-        self.waiting_for = ""
+        self._waiting_for = ""

@@ -125,7 +125,7 @@ class ADPSGDSimWorker(SimWorker):
         if self._left and self._server_done and not self.done:
             self.finish()
         elif self._left and not self.done:
-            self.waiting_for = "its clients' goodbyes"
+            self.block("its clients' goodbyes")
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:

@@ -76,7 +76,7 @@ class AllReduceSimWorker(SimWorker):
         event = GradientsReady(iteration=iteration, wants_stop=self.sim.wants_stop(iteration))
         for decision in self.core.handle(event):
             assert isinstance(decision, Reduce)
-            self.block(f"the all-reduce of iteration {iteration}")
+            self.block(lambda: f"the all-reduce of iteration {iteration}")
             self.collective.contribute(self.rank, decision)
 
     def reduced(self, event: Reduced) -> None:

@@ -50,8 +50,9 @@ class DPSGDSimWorker(SimWorker):
         event = ComputeFinished(iteration=iteration, wants_stop=sim.wants_stop(iteration))
         decisions = self.core.handle(event)
         if not decisions:
-            self.block(", ".join(f"rank {j}'s model of iteration {iteration}"
-                                 for j in self.core.waiting_for))
+            waiting = self.core.waiting_for
+            self.block(lambda: ", ".join(f"rank {j}'s model of iteration {iteration}"
+                                         for j in waiting))
         self._run(decisions)
 
     def _run(self, decisions: list[Any]) -> None:

@@ -99,9 +99,7 @@ class HopWorker(SimWorker):
                 (decision.iteration - tag for tag in decision.inputs.values()), default=0)
             return True
         elif isinstance(decision, Wait):
-            wanted = [f"rank {src}'s update {tag}" for src, tag in decision.updates.items()]
-            wanted += [f"rank {src}'s token" for src in decision.tokens]
-            self.block(", ".join(wanted))
+            self.block(lambda: _describe(decision))
         elif isinstance(decision, SkipTo):
             self._extra["skipped"] = decision.iteration - decision.skipped_from
             if math is not None:
@@ -115,6 +113,11 @@ class HopWorker(SimWorker):
         for peer in self.neighbours:
             self.sim.control(self.rank, peer, self.peers[peer].receive, event)
         self.finish()
+
+
+def _describe(wait: Wait) -> str:
+    wanted = [f"rank {src}'s update {tag}" for src, tag in wait.updates.items()]
+    return ", ".join(wanted + [f"rank {src}'s token" for src in wait.tokens])
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:

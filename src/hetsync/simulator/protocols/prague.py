@@ -148,7 +148,7 @@ class PragueWorker(SimWorker):
                 self._groups.append([group.id, *group.members])
                 if len(group.members) > 1:
                     self._pending = decisions
-                    self.block(f"the P-Reduce of group {group.id} {list(group.members)}")
+                    self.block(lambda g=group: f"the P-Reduce of group {g.id} {list(g.members)}")
                     self.rendezvous.join(group.id, group.members, self)
                     return
                 decisions += self._finished(group)
@@ -202,7 +202,7 @@ class PragueWorker(SimWorker):
         if len(members) == 1:
             self._static_done((iteration, members))
             return
-        self.block(f"the P-Reduce of step {iteration} with {list(members)}")
+        self.block(lambda: f"the P-Reduce of step {iteration} with {list(members)}")
         self.rendezvous.join((iteration, members), members, self)
 
     def _static_done(self, key: Any) -> None:
