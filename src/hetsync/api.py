@@ -133,11 +133,24 @@ class SyncOptimizer(torch.optim.Optimizer):
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """The inner optimizer's state dict: a checkpoint loads into either optimizer."""
-        return self.optimizer.state_dict()
+        """The inner optimizer's state dict plus, under "hetsync", what a resumed run needs:
+        the iteration, the run time and the protocol's state. It still loads into the inner
+        optimizer (which ignores the extra key); save it with the model's, torch.save both."""
+        if self._log is not None:
+            self._log.flush()  # the rows up to the checkpoint, which a resume keeps
+        return {**self.optimizer.state_dict(),
+                "hetsync": {"iteration": self.iteration, "elapsed": self.runtime.elapsed(),
+                            "protocol": self.protocol.state_dict()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(state_dict)
+        """Load a state dict of this optimizer or of the inner one. With hetsync's part (from
+        `state_dict()`, before the first `step()`, after the model's state is loaded), the run
+        goes on from it: iterations and run time continue from the saved ones, so the rows and
+        the loss curve do, and the protocol starts afresh from the loaded models."""
+        saved = state_dict.get("hetsync")
+        self.optimizer.load_state_dict({k: v for k, v in state_dict.items() if k != "hetsync"})
+        if saved is not None:
+            self._resume(saved)
 
     # --- the iteration ------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -243,6 +256,22 @@ class SyncOptimizer(torch.optim.Optimizer):
         )
         self.protocol.begin_iteration(step)
         return step
+
+    def _resume(self, saved: dict[str, Any]) -> None:
+        step = self._step
+        if self.iteration != 0 or step is None:
+            raise RuntimeError("hetsync: load_state_dict() with a run's state must come before "
+                               "the first step()")
+        self.iteration = int(saved["iteration"])
+        step.iteration = self.iteration + 1  # no protocol has used its number yet
+        step.start = time.perf_counter()  # the load is not the iteration's compute
+        self.runtime.t0 = time.time() - float(saved["elapsed"])
+        if self._log is not None:
+            self._log.resume_after(self.iteration)
+        if self._snapshots is not None:
+            self._snapshots.resume(float(saved["elapsed"]))
+        self.protocol.load_state_dict(saved["protocol"])
+        self._heartbeat("compute")
 
     def _begin_sync(self, step: Step) -> None:
         """Pad the compute to the emulated step time, inject the slowdown, decide stopping."""

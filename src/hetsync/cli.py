@@ -52,6 +52,8 @@ _RUN_HELP = {
     "payload": "charge messages as if the model weighed this: bytes (100MB) or a model name "
     "(resnet50, vgg16, bert-base, ...); needs --network",
     "overwrite": "replace the run already in --out (without it, such an --out is refused)",
+    "checkpoint_every": "seconds of run time between each worker's checkpoint (model, "
+    "optimizer, iteration, data position) in DIR/checkpoints/, for `train --resume DIR`",
     "fault": "inject failures: kill:rank=R,at=20s | stop:rank=R,at=10s[,for=5s] | "
     "raise:rank=R,at=ITER | hang:rank=R,at=ITER, joined by ';' (tests, experiments)",
     "quiet": "no progress bar",
@@ -138,6 +140,10 @@ def build_parser() -> argparse.ArgumentParser:
     add = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
     train = add("train", help="train a built-in workload with N workers")
     _add_run_options(train, script=False)
+    train.add_argument("--resume", type=Path, metavar="DIR", help="go on with the stopped or "
+                       "failed run in DIR from its workers' checkpoints (--checkpoint-every), "
+                       "with its recorded options; only --max-time, --max-iterations, --fault "
+                       "and --quiet may be given to change them")
     launch = add("launch", help="run your own training script with N workers")
     _add_run_options(launch, script=True)
     launch.add_argument("script", nargs=argparse.REMAINDER, help=_RUN_HELP["script"])
@@ -254,7 +260,8 @@ def _default_workload() -> str:
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """Defaults < --config file < flags given on the command line."""
     values = dict(load_toml(args.config)) if getattr(args, "config", None) else {}
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "config", *_SIMULATE)}
+    given = {k: v for k, v in vars(args).items()
+             if k not in ("command", "config", "resume", *_SIMULATE)}
     if args.command == "launch":
         if not given.get("script"):
             raise ConfigError("hetsync launch needs a script: hetsync launch [options] script.py")
@@ -308,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             run_demo(args.out, args.workers, args.max_time, _default_workload())
             return 0
+        if getattr(args, "resume", None) is not None:
+            return _resume(args)
         config = config_from_args(args)
         if args.command == "simulate":
             return _simulate(config, args)
@@ -333,6 +342,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("hetsync: finished runs are kept: add --resume to the same command to go on",
                   file=sys.stderr)
         return 130
+    _print_result(result.run_dir, result.summary)
+    return 0
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """`train --resume DIR`: the run's recorded options, extended where given."""
+    from hetsync.launch.checkpoint import resume_config
+    from hetsync.launch.launcher import run
+
+    if _under_torchrun():
+        raise ConfigError("--resume goes on with a run of hetsync's launcher; under torchrun, "
+                          "resume from your own checkpoints (SyncOptimizer.load_state_dict())")
+    values = dict(load_toml(args.config)) if args.config else {}
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "config", "resume")}
+    config = resume_config(args.resume, {**values, **given})
+    config.out = args.resume
+    result = run(config, resume=True)
     _print_result(result.run_dir, result.summary)
     return 0
 

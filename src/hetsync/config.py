@@ -86,6 +86,9 @@ class _RunOptions:
     """Declared model size that messages are charged for; none: the real model's."""
     overwrite: bool = False
     """Replace a run already in --out (otherwise refused)."""
+    checkpoint_every: float | None = None
+    """Seconds of run time between each worker's checkpoints (see hetsync.launch.checkpoint);
+    None: no checkpoints."""
     fault: str = "none"
     """Failures to inject on purpose (see hetsync.faults), for tests and experiments."""
     quiet: bool = False
@@ -116,7 +119,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     *_PROTOCOL_RANGES["NON_NEGATIVE"]):
+                     "checkpoint_every", *_PROTOCOL_RANGES["NON_NEGATIVE"]):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
@@ -126,7 +129,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "target_loss", *_PROTOCOL_RANGES["FINITE"]):
+                     "target_loss", "checkpoint_every", *_PROTOCOL_RANGES["FINITE"]):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number "
@@ -135,8 +138,13 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             raise ConfigError(f"--momentum must be in [0, 1) (got {self.momentum})")
         if self.max_time == 0:
             raise ConfigError("--max-time must be > 0 seconds")
-        if self.eval_every == 0 or self.hang_timeout == 0:
-            raise ConfigError("--eval-every and --hang-timeout must be > 0 seconds")
+        if self.eval_every == 0 or self.hang_timeout == 0 or self.checkpoint_every == 0:
+            raise ConfigError("--eval-every, --hang-timeout and --checkpoint-every must be > 0 "
+                              "seconds")
+        if self.checkpoint_every is not None and self.script:
+            raise ConfigError("--checkpoint-every checkpoints the built-in workloads' training; "
+                              "a script checkpoints itself (SyncOptimizer.state_dict(), see "
+                              "docs/failures.md)")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:

@@ -10,8 +10,10 @@ one that can report a crash or a hang by rank.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import datetime
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -31,6 +33,7 @@ from hetsync.api import STOP_KEY
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
+from hetsync.launch.checkpoint import ENV_RESUME_AT, prepare_resume
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
@@ -41,7 +44,7 @@ from hetsync.workloads import get_workload
 
 __all__ = ["RunResult", "run"]
 
-_RUN_FILES = ("workers", "snapshots", "logs", "eval.jsonl", "summary.json")
+_RUN_FILES = ("workers", "snapshots", "logs", "eval.jsonl", "summary.json", "checkpoints")
 
 
 @dataclass(frozen=True)
@@ -50,20 +53,37 @@ class RunResult:
     summary: dict[str, Any]
 
 
-def run(config: RunConfig) -> RunResult:
+def run(config: RunConfig, resume: bool = False) -> RunResult:
     """Run `config` to its end; raise ConfigError before starting, WorkerFailed on failure.
     However it ends (a failure, Ctrl-C, SIGTERM), the run directory gets a summary.json of
-    what was measured, with the reason it stopped."""
+    what was measured, with the reason it stopped. `resume`: go on with the run in
+    `config.out` from its workers' checkpoints (hetsync.launch.checkpoint)."""
     config = config.validate().resolved()
     check_capacity(config.workers)
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
-        prepare_run_dir(config, run_dir)
+        extra: dict[str, Any] = {}
+        if resume:
+            at = prepare_resume(run_dir, config.workers)
+            extra["resumed_from"] = [*_earlier_resumes(run_dir), dataclasses.asdict(at)]
+            config.out = run_dir
+            (run_dir / "config.json").write_text(config.to_json() + "\n")
+            (run_dir / "logs").mkdir(exist_ok=True)
+        else:
+            prepare_run_dir(config, run_dir)
         try:
-            return _run(config, run_dir)
+            return _run(config, run_dir, extra)
         except BaseException as error:
-            _summarize_failure(run_dir, config, error)
+            _summarize_failure(run_dir, config, error, extra)
             raise
+
+
+def _earlier_resumes(run_dir: Path) -> list[dict[str, Any]]:
+    """The resumes the run before this one went through, from its summary."""
+    try:
+        return list(json.loads((run_dir / "summary.json").read_text()).get("resumed_from", []))
+    except (OSError, ValueError, AttributeError):
+        return []
 
 
 #: Resident memory of one worker process (torch imported, a small model trained), measured
@@ -85,14 +105,15 @@ def check_capacity(workers: int, meminfo: Path = Path("/proc/meminfo")) -> None:
                           f"({WORKER_MEMORY_BYTES >> 20} MB each)")
 
 
-def _run(config: RunConfig, run_dir: Path) -> RunResult:
+def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
     torch.set_num_threads(1)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=60),
     )
     control = dist.PrefixStore("hetsync", store)
-    procs = _spawn(config, run_dir, store.port)
+    resume = extra.get("resumed_from")
+    procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None)
     output = OutputRelay(procs, run_dir / "logs")
     monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output)
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
@@ -117,7 +138,7 @@ def _run(config: RunConfig, run_dir: Path) -> RunResult:
     if evaluation is not None:
         evaluation.finish()
     reasons = [_stop_reason(control, r) for r in range(config.workers)]
-    summary = summarize(run_dir, config, next((r for r in reasons if r), None))
+    summary = {**summarize(run_dir, config, next((r for r in reasons if r), None)), **extra}
     write_summary(run_dir, summary)
     return RunResult(run_dir, summary)
 
@@ -132,7 +153,9 @@ def _inject(faults: FaultPlan, procs: list[subprocess.Popen[bytes]], monitor: Mo
             os.kill(procs[rank].pid, _SIGNALS[action])
 
 
-def _summarize_failure(run_dir: Path, config: RunConfig, error: BaseException) -> None:
+def _summarize_failure(
+    run_dir: Path, config: RunConfig, error: BaseException, extra: dict[str, Any]
+) -> None:
     """What a failed or interrupted run measured, so that `hetsync report` can show it. A
     summary that cannot be written (a full disk) must not hide the failure itself."""
     if isinstance(error, KeyboardInterrupt):
@@ -143,7 +166,7 @@ def _summarize_failure(run_dir: Path, config: RunConfig, error: BaseException) -
         first = str(error).splitlines()[0] if str(error) else ""
         reason = f"failed: {type(error).__name__}: {first}"
     try:
-        write_summary(run_dir, summarize(run_dir, config, reason))
+        write_summary(run_dir, {**summarize(run_dir, config, reason), **extra})
     except Exception as failure:  # noqa: BLE001 - reported, the original error goes on
         print(f"hetsync: could not write {run_dir / 'summary.json'}: {failure}", file=sys.stderr)
 
@@ -210,7 +233,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _spawn(config: RunConfig, run_dir: Path, port: int) -> list[subprocess.Popen[bytes]]:
+def _spawn(
+    config: RunConfig, run_dir: Path, port: int, resume_at: float | None
+) -> list[subprocess.Popen[bytes]]:
     command = (
         [sys.executable, *config.script]
         if config.script
@@ -233,6 +258,8 @@ def _spawn(config: RunConfig, run_dir: Path, port: int) -> list[subprocess.Popen
             ENV_STORE_PORT: str(port),
             ENV_RUN_DIR: str(run_dir),
         }
+        if resume_at is not None:
+            env[ENV_RESUME_AT] = repr(resume_at)
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
     return procs

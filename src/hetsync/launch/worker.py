@@ -7,15 +7,19 @@ Run as `python -m hetsync.launch.worker` by the launcher, or under torchrun thro
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
 from hetsync.faults import FaultPlan, parse_faults
+from hetsync.launch.checkpoint import ENV_RESUME_AT, Checkpointer, checkpoint_path
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.workloads import Shard, get_workload
@@ -29,17 +33,25 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
     torch.manual_seed(config.seed)  # the same initial model on every worker
     model = workload.build_model().to(runtime.device)
     data = workload.load(config.data_dir)
+    batch_size = config.batch_size or workload.batch_size
     shard = Shard(len(data.train_y), runtime.rank, runtime.world_size, config.seed)
-    batches = shard.batches(data.train_x, data.train_y, config.batch_size or workload.batch_size)
     inner = torch.optim.SGD(
         model.parameters(),
         lr=config.lr if config.lr is not None else workload.lr,
         momentum=config.momentum if config.momentum is not None else workload.momentum,
     )
     opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
+    epoch, batch = _resume(opt, model) if ENV_RESUME_AT in os.environ else (0, 0)
+    batches = shard.batches(data.train_x, data.train_y, batch_size, epoch, batch)
+    drawn = epoch * shard.batches_per_epoch(batch_size) + batch
+    checkpoints = None
+    if config.checkpoint_every is not None and runtime.run_dir is not None:
+        checkpoints = Checkpointer(runtime.run_dir, runtime.rank, config.checkpoint_every,
+                                   runtime.elapsed())
     faults = FaultPlan(parse_faults(config.fault))  # --fault's raise and hang (kill, stop:
     while not opt.should_stop:                      # the launcher's)
         x, y = next(batches)
+        drawn += 1
         opt.zero_grad()
         loss = workload.loss(opt.model(x.to(runtime.device)), y.to(runtime.device))
         loss.backward()
@@ -47,8 +59,38 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         if fault is not None:
             _inject_fault(fault.kind)
         opt.step(loss=loss)
+        elapsed = runtime.elapsed()
+        if checkpoints is not None and not opt.should_stop and checkpoints.due(elapsed):
+            checkpoints.write(_checkpoint(opt, model, shard.position(drawn, batch_size)), elapsed)
     opt.close()
     return opt
+
+
+def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int]) -> dict[str, Any]:
+    """What `_resume` needs to go on from this iteration boundary."""
+    optimizer = opt.state_dict()
+    return {
+        "iteration": opt.iteration,
+        "t": optimizer["hetsync"]["elapsed"],
+        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "optimizer": optimizer,
+        "data": {"epoch": position[0], "batch": position[1]},
+        "rng": torch.get_rng_state(),
+    }
+
+
+def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:
+    """Load this worker's checkpoint; every worker goes on at the launcher's run time
+    (hetsync.launch.checkpoint). Returns the data position to go on from."""
+    runtime = opt.runtime
+    assert runtime.run_dir is not None
+    saved = torch.load(checkpoint_path(runtime.run_dir, runtime.rank), weights_only=False,
+                       map_location=runtime.device)
+    model.load_state_dict(saved["model"])
+    saved["optimizer"]["hetsync"]["elapsed"] = float(os.environ[ENV_RESUME_AT])
+    opt.load_state_dict(saved["optimizer"])
+    torch.set_rng_state(saved["rng"].cpu())
+    return saved["data"]["epoch"], saved["data"]["batch"]
 
 
 def run_under_torchrun(config: RunConfig) -> None:

@@ -12,6 +12,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import IO
 
 import torch
 from torch import nn
@@ -26,15 +27,32 @@ def snapshot_path(run_dir: Path, index: int | str, rank: int) -> Path:
 
 
 class IterationLog:
-    """Buffered writer of `workers/rank{r}.jsonl` (see docs/run-directory.md)."""
+    """Buffered writer of `workers/rank{r}.jsonl` (see docs/run-directory.md).
+
+    The file is opened at the first flush, so that a resumed worker can say first
+    (`resume_after`) that it goes on from a checkpoint: the rows up to it are kept, the later
+    ones (work the failure threw away) dropped, and the new rows appended."""
 
     def __init__(self, run_dir: Path, rank: int, flush_every: float = 1.0) -> None:
-        path = run_dir / "workers" / f"rank{rank}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("w")
+        self.path = run_dir / "workers" / f"rank{rank}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = None
+        self._mode = "w"
         self._rows: list[str] = []
         self._flush_every = flush_every
         self._last_flush = time.monotonic()
+
+    def resume_after(self, iteration: int) -> None:
+        """Keep the rows of iterations up to `iteration` and append after them."""
+        if self._file is not None:
+            raise RuntimeError("hetsync: resume before the first iteration is logged")
+        if self.path.is_file():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if _iteration(line) <= iteration]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        self._mode = "a"
 
     def append(self, row: dict[str, float | int]) -> None:
         self._rows.append(json.dumps(row))
@@ -42,6 +60,8 @@ class IterationLog:
             self.flush()
 
     def flush(self) -> None:
+        if self._file is None:
+            self._file = self.path.open(self._mode)
         if self._rows:
             self._file.write("\n".join(self._rows) + "\n")
             self._file.flush()
@@ -50,7 +70,16 @@ class IterationLog:
 
     def close(self) -> None:
         self.flush()
+        assert self._file is not None
         self._file.close()
+
+
+def _iteration(row: str) -> float:
+    """A row's iteration; inf for a line cut short by the failure (dropped)."""
+    try:
+        return float(json.loads(row)["iteration"])
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 class Snapshotter:
@@ -70,6 +99,11 @@ class Snapshotter:
             target.parent.mkdir(parents=True, exist_ok=True)
             os.link(first, target)
         self._next_index = due + 1
+
+    def resume(self, elapsed: float) -> None:
+        """Go on from run time `elapsed`: the next snapshot is the first due after it (the
+        earlier ones belong to the run before)."""
+        self._next_index = int(elapsed // self.every) + 1
 
     def final(self, model: nn.Module, elapsed: float, iteration: int) -> None:
         self._write(model, "final", iteration, elapsed)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -110,6 +110,16 @@ class Protocol:
         """Called after optimizer.step(); model averaging happens here."""
         step.begin_sync()
         step.stop = step.wants_stop
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this worker's side of the protocol must keep across a checkpoint and resume:
+        state a resumed run cannot rebuild from the models. Synchronisation state (tokens,
+        queues, groups, rounds) is not in it: a resumed run starts that afresh."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s, before the first iteration, after the model's own state
+        has been loaded (a protocol may also refresh what it derived from the model)."""
 
     def close(self) -> None:
         """Release threads and buffers; the process group is torn down by the caller."""

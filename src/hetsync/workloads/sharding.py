@@ -34,16 +34,25 @@ class Shard:
         return torch.randperm(len(self.indices), generator=generator)
 
     def batches(
-        self, x: torch.Tensor, y: torch.Tensor, batch_size: int
+        self, x: torch.Tensor, y: torch.Tensor, batch_size: int, epoch: int = 0, batch: int = 0
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Endless minibatches of this shard of (x, y); the last partial batch of an epoch
+        """Endless minibatches of this shard of (x, y), from batch `batch` of epoch `epoch`
+        on (a resumed run goes on with the same sequence); the last partial batch of an epoch
         is dropped so that every step costs the same."""
         x, y = x[self.indices], y[self.indices]
-        per_epoch = max(1, len(self.indices) // batch_size)
-        epoch = 0
+        per_epoch = self.batches_per_epoch(batch_size)
+        if not 0 <= batch < per_epoch or epoch < 0:
+            raise ValueError(f"no batch {batch} of epoch {epoch} ({per_epoch} batches an epoch)")
         while True:
             order = self.epoch_order(epoch)
-            for b in range(per_epoch):
+            for b in range(batch, per_epoch):
                 take = order[b * batch_size : (b + 1) * batch_size]
                 yield x[take], y[take]
-            epoch += 1
+            epoch, batch = epoch + 1, 0
+
+    def batches_per_epoch(self, batch_size: int) -> int:
+        return max(1, len(self.indices) // batch_size)
+
+    def position(self, drawn: int, batch_size: int) -> tuple[int, int]:
+        """(epoch, batch) of the next batch after `drawn` batches from the start."""
+        return divmod(drawn, self.batches_per_epoch(batch_size))

@@ -67,6 +67,7 @@ answer with which version, staleness and stop; a worker's version tag and stop) 
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
@@ -158,6 +159,21 @@ class _Server:
                                        name="hetsync-ps", daemon=True)
         if world > 1:
             self.thread.start()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The server's model, buffers and optimizer state (its version and rounds start
+        afresh on resume)."""
+        with self.cond:
+            return {"params": [p.detach().clone() for p in self.params],
+                    "buffers": self.buffers.clone(),
+                    "optimizer": copy.deepcopy(self.optimizer.state_dict())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.cond, torch.no_grad():
+            for mine, saved in zip(self.params, state["params"], strict=True):
+                mine.copy_(saved)
+            self.buffers.copy_(state["buffers"])
+            self.optimizer.load_state_dict(state["optimizer"])
 
     def push(self, msg: torch.Tensor) -> torch.Tensor:
         """Rank 0's push; blocks until its reply exists (the end of the round in sync mode)."""
@@ -338,6 +354,16 @@ class ParameterServer(Protocol):
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: the server applied the update and the stop was decided above."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Rank 0's: the server's model and optimizer state; the other ranks' models are
+        the server's after their first push."""
+        return {"server": self.server.state_dict()} if self.server is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.server is not None and "server" in state:
+            self.server.load_state_dict(state["server"])
+        self.loaded = _flat(self.buffers, self.dtype)  # the buffers just loaded into the model
 
     def close(self) -> None:
         self.core.handle(Leave())  # -> SendBye; rank 0 leaves the server directly

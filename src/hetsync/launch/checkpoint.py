@@ -1,0 +1,149 @@
+"""Checkpoints of the built-in training loop (`--checkpoint-every`) and `train --resume`.
+
+Theory of operation. Each worker writes `DIR/checkpoints/rank{r}.pt` by itself, at the first
+iteration boundary after every `--checkpoint-every` seconds of run time: a temporary file
+renamed over the previous checkpoint, so a reader (or a resume after a kill in the middle of
+a write) always finds a whole one. There is no barrier: the workers' checkpoints are of
+different iterations and times, and a resumed run starts every worker from its own. The
+protocols keep no synchronisation state across it (tokens, queues, groups and rounds start
+afresh from the loaded models, as a new run would from them); only state that the models do
+not carry is saved (`Protocol.state_dict()`: the parameter server's model and optimizer).
+Messages in flight at the failure are lost with the work done after each checkpoint.
+
+On resume the launcher puts every worker on one run-time axis: each goes on at the latest
+checkpoint's time (so the rows' `t` increases on every worker and the workers' clocks agree,
+as the evaluator's snapshot sets and the emulated network need). Each worker keeps its rows
+up to its checkpoint and drops the later ones; `eval.jsonl` keeps the evaluations up to the
+earliest checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+
+__all__ = ["ENV_RESUME_AT", "Checkpointer", "Resume", "checkpoint_path", "prepare_resume",
+           "resume_config"]
+
+#: Set by the launcher on a resumed run: the run time (s) at which every worker goes on.
+ENV_RESUME_AT = "HETSYNC_RESUME_AT"
+#: Options a resumed run may change: how far it goes, its faults and its display.
+MAY_CHANGE = ("max_time", "max_iterations", "fault", "quiet")
+
+
+def checkpoint_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "checkpoints" / f"rank{rank}.pt"
+
+
+class Checkpointer:
+    """Writes one worker's checkpoint every `every` seconds of run time, atomically."""
+
+    def __init__(self, run_dir: Path, rank: int, every: float, elapsed: float = 0.0) -> None:
+        self.path = checkpoint_path(run_dir, rank)
+        self.every = every
+        self._next = elapsed + every
+
+    def due(self, elapsed: float) -> bool:
+        return elapsed >= self._next
+
+    def write(self, state: dict[str, Any], elapsed: float) -> float:
+        """Save `state`; returns the seconds the write took."""
+        began = time.perf_counter()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.path)
+        self._next = elapsed + self.every
+        return time.perf_counter() - began
+
+
+def resume_config(run_dir: Path, given: dict[str, Any]) -> RunConfig:
+    """The recorded options of the run in `run_dir`, with the ones `given` that may change
+    (`MAY_CHANGE`); any other given option that differs is refused in one line. A fault is
+    not repeated unless given again: it was the test of the run before."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        raise ConfigError(f"--resume {run_dir}: not a run directory (no config.json)")
+    try:
+        recorded = RunConfig.read(path)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--resume {run_dir}: {path} cannot be read ({error})") from None
+    if recorded.checkpoint_every is None:
+        raise ConfigError(f"--resume {run_dir}: the run was not checkpointed (it had no "
+                          "--checkpoint-every)")
+    values = dataclasses.asdict(recorded)
+    values["fault"] = "none"
+    given = {name.replace("-", "_"): value for name, value in given.items()}
+    RunConfig.from_dict(given, source="--resume")  # unknown options and wrong types, by name
+    for name, value in given.items():
+        if name in MAY_CHANGE:
+            values[name] = value
+        elif _plain(value) != _plain(values[name]):
+            flag = "--" + name.replace("_", "-")
+            allowed = ", ".join("--" + n.replace("_", "-") for n in MAY_CHANGE)
+            raise ConfigError(f"--resume {run_dir}: {flag} {_plain(value)} differs from the "
+                              f"run's {_plain(values[name])} (only {allowed} may change)")
+    return RunConfig(**values)
+
+
+def _plain(value: object) -> object:
+    return str(value) if isinstance(value, Path) else value
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Where a resumed run goes on: every worker at run time `at_s`, each from its own
+    checkpoint's iteration."""
+
+    at_s: float
+    iterations: list[int]
+
+
+def prepare_resume(run_dir: Path, workers: int) -> Resume:
+    """Check every worker's checkpoint and trim what the run recorded after the checkpoints;
+    return where the workers go on (the latest checkpoint's run time)."""
+    missing = [r for r in range(workers) if not checkpoint_path(run_dir, r).is_file()]
+    if missing:
+        ranks = ", ".join(map(str, missing))
+        raise ConfigError(f"--resume {run_dir}: no checkpoint of rank {ranks} "
+                          f"(checkpoints/rank{missing[0]}.pt): it failed before its first one")
+    times, iterations = [], []
+    for rank in range(workers):
+        try:
+            saved = torch.load(checkpoint_path(run_dir, rank), mmap=True, weights_only=False)
+        except Exception as error:  # noqa: BLE001 - any unreadable file gets the same line
+            raise ConfigError(f"--resume {run_dir}: checkpoints/rank{rank}.pt cannot be read "
+                              f"({error})") from None
+        times.append(float(saved["t"]))
+        iterations.append(int(saved["iteration"]))
+    _trim_evaluations(run_dir / "eval.jsonl", min(times))
+    shutil.rmtree(run_dir / "snapshots", ignore_errors=True)  # the run before's, unevaluated
+    return Resume(at_s=max(times), iterations=iterations)
+
+
+def _trim_evaluations(path: Path, until: float) -> None:
+    """Keep the evaluations of models up to run time `until` (later ones mix in work that
+    the resume throws away)."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if float(json.loads(line)["t"]) <= until:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(kept))
+    os.replace(tmp, path)
