@@ -91,6 +91,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._slowdown = config.slowdown_spec()
         self._step_time_s = config.step_time / 1000.0
         self.iteration = 0
+        self._resumed_at = 0  # the iteration a resumed run went on from (Step counts from it)
         self.should_stop = False
         self.stop_reason: str | None = None
         self._stop_requested = False
@@ -170,7 +171,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if not step.skip_optimizer_step:
             self.optimizer.step()
         self.protocol.after_optimizer_step(step)
-        self.iteration = step.iteration
+        self.iteration = self._resumed_at + step.iteration
         self.should_stop = step.stop
         self._record(step, loss)
         # No iteration begins after the last: a protocol that starts its exchange when an
@@ -250,7 +251,7 @@ class SyncOptimizer(torch.optim.Optimizer):
     # --- internals ------------------------------------------------------------------------------
     def _new_step(self) -> Step:
         step = Step(
-            iteration=self.iteration + 1,
+            iteration=self.iteration - self._resumed_at + 1,
             on_begin_sync=self._begin_sync,
             on_phase=self._heartbeat if self.runtime.launched else None,
         )
@@ -262,8 +263,9 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self.iteration != 0 or step is None:
             raise RuntimeError("hetsync: load_state_dict() with a run's state must come before "
                                "the first step()")
-        self.iteration = int(saved["iteration"])
-        step.iteration = self.iteration + 1  # no protocol has used its number yet
+        # The protocol starts afresh, as a new run from these models would: its steps count
+        # from 1 again, so that workers resumed from different iterations agree on them.
+        self.iteration = self._resumed_at = int(saved["iteration"])
         step.start = time.perf_counter()  # the load is not the iteration's compute
         self.runtime.t0 = time.time() - float(saved["elapsed"])
         if self._log is not None:
@@ -276,12 +278,13 @@ class SyncOptimizer(torch.optim.Optimizer):
     def _begin_sync(self, step: Step) -> None:
         """Pad the compute to the emulated step time, inject the slowdown, decide stopping."""
         compute = time.perf_counter() - step.start - step.sync_wait_s - step.network_s
-        factor = self._slowdown.factor(self.runtime.rank, step.iteration)
+        iteration = self._resumed_at + step.iteration
+        factor = self._slowdown.factor(self.runtime.rank, iteration)
         pad, delay = pacing(compute, self._step_time_s, factor)
         if pad + delay > 0:
             time.sleep(pad + delay)
         step.compute_s, step.injected_delay_s = compute + pad, delay
-        step.wants_stop = self._wants_stop(step.iteration)
+        step.wants_stop = self._wants_stop(iteration)
 
     def _unscale(self) -> None:
         """Under `GradScaler.step(optimizer)`: unscale the gradients before they are shared.
@@ -339,7 +342,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             self._log.append(
                 {
                     "t": round(elapsed, 4),
-                    "iteration": step.iteration,
+                    "iteration": self.iteration,
                     "loss": value,
                     "compute_s": round(step.compute_s, 6),
                     "injected_delay_s": round(step.injected_delay_s, 6),
@@ -350,7 +353,7 @@ class SyncOptimizer(torch.optim.Optimizer):
                 }
             )
         if self._snapshots is not None and self._periodic_snapshots:
-            self._snapshots.maybe_snapshot(self._raw_model, elapsed, step.iteration)
+            self._snapshots.maybe_snapshot(self._raw_model, elapsed, self.iteration)
         self._heartbeat("compute")
 
     def _heartbeat(self, phase: str) -> None:

@@ -36,7 +36,8 @@ class Step:
     """One iteration of one worker, as seen by its protocol."""
 
     iteration: int
-    """The iteration being run, counting from 1."""
+    """The iteration being run, counting from 1; in a resumed run from 1 again (the protocol
+    starts afresh), while the rows and stop conditions count on from the checkpoint."""
     start: float = field(default_factory=time.perf_counter)
     wants_stop: bool = False
     """This worker's own stop conditions hold; known after `begin_sync()`."""

@@ -1,0 +1,58 @@
+"""SyncOptimizer.state_dict(): what a script saves to resume, in a world of one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import hetsync
+from hetsync.api import SyncOptimizer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    hetsync.init(protocol="allreduce")
+    yield
+    hetsync.shutdown()
+
+
+def _setup(protocol: str) -> tuple[nn.Module, SyncOptimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return model, SyncOptimizer(inner, model, protocol)
+
+
+def _steps(model: nn.Module, opt: SyncOptimizer, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        g = torch.Generator().manual_seed(i)
+        x, y = torch.randn(16, 4, generator=g), torch.randint(0, 2, (16,), generator=g)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("protocol", ["allreduce", "ps"])
+def test_a_saved_run_goes_on_as_the_original(protocol, tmp_path):
+    model, opt = _setup(protocol)
+    _steps(model, opt, 0, 3)
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "ckpt.pt")
+    saved = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    assert saved["opt"]["hetsync"]["iteration"] == 3
+    assert ("server" in saved["opt"]["hetsync"]["protocol"]) == (protocol == "ps")
+    _steps(model, opt, 3, 2)
+    opt.close()
+
+    resumed_model, resumed = _setup(protocol)
+    resumed_model.load_state_dict(saved["model"])
+    resumed.load_state_dict(saved["opt"])
+    assert resumed.iteration == 3
+    assert resumed.runtime.elapsed() >= saved["opt"]["hetsync"]["elapsed"]
+    _steps(resumed_model, resumed, 3, 2)
+    assert resumed.iteration == 5
+    for a, b in zip(model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.allclose(a, b)
+    with pytest.raises(RuntimeError, match="before the first step"):
+        resumed.load_state_dict(saved["opt"])
+    resumed.close()
