@@ -72,6 +72,7 @@ _DEFAULT_TEXT = {
     "out": "runs/LABEL-TIMESTAMP",
     "data_dir": "Debian's install location",
     "label": "the protocol",
+    "checkpoint_every": "no checkpoints",
     **{name: text for options in PROTOCOL_OPTIONS
        for name, text in getattr(options, "DEFAULT_TEXT", {}).items()},
 }
@@ -143,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", type=Path, metavar="DIR", help="go on with the stopped or "
                        "failed run in DIR from its workers' checkpoints (--checkpoint-every), "
                        "with its recorded options; only --max-time, --max-iterations, --fault "
-                       "and --quiet may be given to change them")
+                       "and --quiet may be given to change them (default: a new run)")
     launch = add("launch", help="run your own training script with N workers")
     _add_run_options(launch, script=True)
     launch.add_argument("script", nargs=argparse.REMAINDER, help=_RUN_HELP["script"])
