@@ -119,9 +119,10 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     bar = _progress_bar(config)
     faults = FaultPlan(parse_faults(config.fault))
+    clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
     try:
         while not monitor.check():
-            _inject(faults, procs, monitor)
+            _inject(faults, procs, clock)
             _update_bar(bar, config, monitor, evaluation)
             time.sleep(0.2)
             if evaluation is not None:
@@ -146,9 +147,28 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
 
 
-def _inject(faults: FaultPlan, procs: list[subprocess.Popen[bytes]], monitor: Monitor) -> None:
+class _RunClock:
+    """The run's time axis as the workers keep it (rank 0's `t0` in the store, plus where a
+    resumed run starts), read by the wall clock: the workers' heartbeats would stop with them
+    when one is stopped and the others wait for it."""
+
+    def __init__(self, control: dist.Store, offset: float) -> None:
+        self.control, self.offset = control, offset
+        self._t0: float | None = None
+
+    def elapsed(self) -> float | None:
+        """Run time now; None before the workers have started the clock."""
+        if self._t0 is None and self.control.check(["t0"]):
+            self._t0 = float(self.control.get("t0").decode())
+        return None if self._t0 is None else time.time() - self._t0 + self.offset
+
+
+def _inject(faults: FaultPlan, procs: list[subprocess.Popen[bytes]], clock: _RunClock) -> None:
     """`--fault`'s kills and stops, done to the workers' processes when due (run time)."""
-    for action, rank in faults.external_due(monitor.progress().elapsed):
+    elapsed = clock.elapsed()
+    if elapsed is None:
+        return
+    for action, rank in faults.external_due(elapsed):
         if procs[rank].poll() is None:
             os.kill(procs[rank].pid, _SIGNALS[action])
 
