@@ -185,7 +185,9 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
             f"## {setting['name']}\n",
             f"{setting['workers']} workers, slowdown `{setting['slowdown']}`.{emulated}\n",
             setting_table(setting),
-            *_run_figures(setting, runs, out),
+            # A simulated suite's runs have up to thousands of workers: its scaling figure
+            # says what per-run figures would, which would take minutes to draw.
+            *([] if results.get("simulated") else _run_figures(setting, runs, out)),
         ]
     path = out / "results.md"
     path.write_text("\n".join(sections), encoding="utf-8")

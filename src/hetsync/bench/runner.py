@@ -194,4 +194,7 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
 def _outcome(summary: dict) -> str:
     ttt = summary["time_to_target_s"]
     reached = f"target in {ttt:.1f} s" if ttt is not None else "target not reached"
-    return f"{reached}, {summary['samples_per_s']:.0f} samples/s"
+    rate = summary["samples_per_s"]
+    outcome = f"{reached}, " + (f"{rate:.0f} samples/s" if rate is not None else "no iteration")
+    reason = summary.get("stop_reason") or ""
+    return outcome + (f" ({reason.split(' (')[0]})" if reason.startswith("cut") else "")

@@ -104,8 +104,12 @@ def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[
         before = sim.math.x.sum(0)
     run_events(sim, [], progress=False)
     done = [len(worker.rows) for worker in sim.workers]
-    if options.get("ps_backup"):  # the stop is agreed at a round: late workers did fewer
-        assert max(done) == _ITERATIONS and min(done) >= 1, f"iterations completed: {done}"
+    if options.get("ps_backup"):
+        # The stop is agreed at a round: a worker whose gradient was dropped goes on to the
+        # round that carries the stop, one iteration past its own, so that every worker ends
+        # on the server's final model.
+        assert _ITERATIONS <= max(done) <= _ITERATIONS + 1 and min(done) >= 1, (
+            f"iterations completed: {done}")
     else:
         assert done == [_ITERATIONS] * workers, f"iterations completed: {done}"
     if options["protocol"] == "hop" and not options.get("skip"):
