@@ -36,8 +36,15 @@ Calibration. Measured on the project machine (2 CPUs shared with other sessions,
   was 0.33 ms, plus 7-36 µs for `GroupGeneratorCore.handle` itself (replayed on 16 workers):
   0.36 ms. CPU time, since the wall time per message (1.8-3.9 ms) measures the other
   sessions' load rather than the thread.
-* `SERVICE_S["parameter-server"]` is not re-measured here (an estimate kept from the
-  simulator's first version).
+* `SERVICE_S["parameter-server"]`: from two real runs of
+  `python experiments/sim_validation.py --workers 8 --protocols ps-sync,ps-async` (svm,
+  8 workers, homogeneous, load 3-4): a synchronous round makes each worker wait for all
+  eight pushes to be served, an asynchronous push only for its own reply. The 10th
+  percentile of the synchronous waits (3.75 ms: the rounds whose pushes came together) minus
+  the median asynchronous wait (1.07 ms: one push and its reply) over the eight pushes of a
+  round: (3.75 - 1.07) / 8 = 0.34 ms per push, close to the Group Generator's per-message
+  figure, as expected of the same kind of Python thread (receive, one core decision, a tiny
+  optimizer step, send).
 * `CONTROL_BYTES`: the Group Generator's request is 3 floats (12 B) and its assignment
   3 + world floats (44 B at 8 workers, 76 B at 16); a Hop token is 1 float. 64 B stands for
   all: at loopback bandwidth it costs 0.2 µs, nothing next to the latency.
@@ -58,7 +65,7 @@ __all__ = ["LOCAL_NETWORK", "SERVICE_S", "Costs", "Server"]
 LOCAL_NETWORK = "bandwidth=2400Mbit,latency=700us"
 
 #: Seconds of rank 0's serving thread per request, measured in real runs.
-SERVICE_S = {"group-generator": 360e-6, "parameter-server": 150e-6}
+SERVICE_S = {"group-generator": 360e-6, "parameter-server": 340e-6}
 
 #: Bytes of a control message (a request, a token, an assignment): a few floats.
 CONTROL_BYTES = 64.0
