@@ -84,6 +84,8 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
                 evals.append(_evaluation(sim, "final"))
             elapsed = time.perf_counter() - began
             _write(run_dir, sim, evals, stop_reason, elapsed, options)
+            for worker in sim.workers:  # the workers reference each other: free the rows now
+                worker.rows = []        # rather than in a collection over millions of them
     return RunResult(run_dir, json.loads((run_dir / "summary.json").read_text()))
 
 
