@@ -117,19 +117,12 @@ def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> 
             bar.update(done - bar.n)
             if until >= horizon:
                 return (f"cut: not ended {config.hang_timeout:g} simulated s after --max-time "
-                        f"({_stuck(sim)})")
+                        f"({sim.stuck()})")
     finally:
         gc.enable()
         bar.close()
     sim.check_finished()
     return None
-
-
-def _stuck(sim: Simulation) -> str:
-    stuck = [w for w in sim.workers if not w.done]
-    return "; ".join(f"rank {w.rank} waits for {w.waiting_for or 'nothing (it is computing)'}"
-                     for w in stuck[:8]) + (f" (and {len(stuck) - 8} more)" if len(stuck) > 8
-                                            else "")
 
 
 def _evaluate(sim: Simulation, evals: list[dict[str, Any]]) -> None:

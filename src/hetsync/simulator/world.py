@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from hetsync.config import RunConfig
 from hetsync.errors import Deadlock
+from hetsync.network.model import Message
 from hetsync.simulator.clock import Clock
 from hetsync.simulator.costs import SERVICE_S, Costs
 
@@ -67,14 +68,25 @@ class Simulation:
                 or (self.max_time is not None and self.clock.now >= self.max_time)
                 or self.target_reached)
 
+    def payload_arrival(self, src: int, dst: int) -> float:
+        """When a payload-sized message (a model, a gradient) sent now arrives; a rank's
+        message to itself crosses no network."""
+        now = self.clock.now
+        if src == dst:
+            return now
+        return self.costs.network.send([Message(src, dst, self.costs.payload_bytes)], at=now)[0]
+
+    def stuck(self) -> str:
+        """The unfinished workers and what each waits for (the first 8), for a report."""
+        stuck = [w for w in self.workers if not w.done]
+        shown = "; ".join(f"rank {w.rank} at iteration {w.iteration + 1} waits for "
+                          f"{w.waiting_for or 'nothing (it is computing)'}" for w in stuck[:8])
+        return shown + (f" (and {len(stuck) - 8} more)" if len(stuck) > 8 else "")
+
     def check_finished(self) -> None:
         """After the event queue ran dry: raise `Deadlock` naming who waits for what."""
-        stuck = [w for w in self.workers if not w.done]
-        if stuck:
-            shown = "; ".join(f"rank {w.rank} at iteration {w.iteration + 1} waits for "
-                              f"{w.waiting_for or 'nothing (it is computing)'}" for w in stuck[:8])
-            more = f" (and {len(stuck) - 8} more)" if len(stuck) > 8 else ""
-            raise Deadlock(f"deadlock at simulated {self.clock.now:.3f} s: {shown}{more}")
+        if any(not w.done for w in self.workers):
+            raise Deadlock(f"deadlock at simulated {self.clock.now:.3f} s: {self.stuck()}")
 
 
 class SimWorker:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from hetsync.network.model import Message
 from hetsync.protocols.adpsgd.core import (
     ADPSGDCore,
     ByeReceived,
@@ -76,7 +75,7 @@ class ADPSGDSimWorker(SimWorker):
                 partner = self._partner = decision.partner
                 if math is not None:
                     math.send_model(self.rank)
-                arrival = self._send(partner)
+                arrival = sim.payload_arrival(self.rank, partner)
                 sim.deliver(self.rank, partner, arrival, self.peers[partner].receive,
                             RequestReceived(src=self.rank))
                 self.charge(nbytes=sim.costs.payload_bytes)
@@ -84,7 +83,7 @@ class ADPSGDSimWorker(SimWorker):
                 client = decision.client
                 if math is not None:
                     self.peers[client]._reply[self.rank] = math.serve(self.rank, client)
-                arrival = self._send(client)
+                arrival = sim.payload_arrival(self.rank, client)
                 sent = arrival - sim.costs.network.nics[self.rank].latency
                 sim.deliver(self.rank, client, arrival, self.peers[client].receive,
                             ReplyReceived(src=self.rank))
@@ -115,11 +114,6 @@ class ADPSGDSimWorker(SimWorker):
             elif isinstance(decision, ServerDone):
                 self._server_done = True
                 self._maybe_finish()
-
-    def _send(self, dst: int) -> float:
-        sim = self.sim
-        message = Message(self.rank, dst, sim.costs.payload_bytes)
-        return sim.costs.network.send([message], at=sim.clock.now)[0]
 
     def _maybe_finish(self) -> None:
         if self._left and self._server_done and not self.done:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetsync.network.model import Message
 from hetsync.protocols.ps.core import (
     Accumulate,
     Answer,
@@ -63,16 +62,8 @@ class ServerThread:
                 for rank in decision.ranks:
                     if math is not None:
                         math.load_server(rank)  # the worker waits: nothing changes it meanwhile
-                    arrival = _send(sim, 0, rank)
+                    arrival = sim.payload_arrival(0, rank)
                     sim.deliver(0, rank, arrival, self.workers[rank].reply, reply)
-
-
-def _send(sim: Simulation, src: int, dst: int) -> float:
-    """When a payload-sized message sent now from `src` to `dst` arrives."""
-    now = sim.clock.now
-    if src == dst:
-        return now
-    return sim.costs.network.send([Message(src, dst, sim.costs.payload_bytes)], at=now)[0]
 
 
 class PSSimWorker(SimWorker):
@@ -93,7 +84,7 @@ class PSSimWorker(SimWorker):
         for decision in self.core.handle(event):
             assert isinstance(decision, SendPush)
             push = Push(rank=self.rank, version=decision.version, vote=decision.vote)
-            sim.deliver(self.rank, 0, _send(sim, self.rank, 0), self.server.receive, push)
+            sim.deliver(self.rank, 0, sim.payload_arrival(self.rank, 0), self.server.receive, push)
             self.charge(nbytes=sim.costs.payload_bytes)
             self.block("the parameter server's reply")
 
