@@ -92,7 +92,9 @@ def test_hop_on_a_free_network_runs_at_the_speed_of_its_compute(tmp_path):
 
 @pytest.mark.parametrize("protocol,options", [
     ("prague", {}), ("prague", {"gg_policy": "random", "group_buffer": True}),
-    ("prague", {"schedule": "static"}), ("adpsgd", {}), ("dpsgd", {}),
+    ("prague", {"schedule": "static"}), ("prague", {"overlap": True}),
+    ("prague", {"gg_policy": "random", "group_buffer": True, "overlap": True}),
+    ("adpsgd", {}), ("dpsgd", {}),
 ])
 def test_averaging_conserves_the_sum_of_the_models_with_lr_0(tmp_path, protocol, options):
     cfg = config(tmp_path, protocol, lr=0.0, slowdown="random:p=0.3,factor=3",

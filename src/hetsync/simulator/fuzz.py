@@ -52,11 +52,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prague-batch": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
                      "group_buffer_mode": "batch"},
     "prague-static": {"protocol": "prague", "schedule": "static"},
+    "prague-overlap": {"protocol": "prague", "overlap": True},
+    "prague-random-overlap": {"protocol": "prague", "gg_policy": "random", "overlap": True},
+    "prague-paper-overlap": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
+                             "overlap": True},
 }
 #: Variants whose averaging conserves the sum of the models (with lr 0); the others replace
 #: models by a server's (ps), drop late updates (backup) or merge unequally (skipping).
 CONSERVING = frozenset({"allreduce", "dpsgd", "adpsgd", "hop", "hop-notify-ack", "prague",
-                        "prague-random", "prague-paper", "prague-batch", "prague-static"})
+                        "prague-random", "prague-paper", "prague-batch", "prague-static",
+                        "prague-overlap", "prague-random-overlap", "prague-paper-overlap"})
 _ITERATIONS = 12
 
 

@@ -72,6 +72,9 @@ class MathModel:
             for r in range(world)]
         self._test_x, self._test_y = data.test_x, data.test_y.float()
         self.published: dict[tuple[int, int], list[Any]] = {}
+        self.copies: torch.Tensor | None = None
+        self.handed: torch.Tensor | None = None
+        """Prague with overlap: the copies the P-Reduces average, and each as last handed over."""
         self.sent: dict[int, torch.Tensor] = {}
         """A worker's model as it sent it in a request (AD-PSGD), by rank."""
         self.server = initial.clone()
@@ -111,6 +114,23 @@ class MathModel:
         """Every member's model becomes the members' mean (a collective, a P-Reduce)."""
         index = torch.tensor(members)
         self.x[index] = self.x[index].mean(0)
+
+    def average_copies(self, members: tuple[int, ...] | list[int]) -> None:
+        """A P-Reduce beside the compute (Prague's `--overlap`): the members' copies, not
+        their models, become the mean."""
+        assert self.copies is not None, "a copy is averaged only after its first merge"
+        index = torch.tensor(members)
+        self.copies[index] = self.copies[index].mean(0)
+
+    def merge(self, rank: int) -> None:
+        """Prague's `MergeModels`: x <- c + (x - s), then c = s = x; the first merge of any
+        rank makes every worker's copy (as the real driver makes its own at its first)."""
+        if self.copies is None or self.handed is None:
+            self.copies, self.handed = self.x.clone(), self.x.clone()
+        row = self.x[rank]
+        row.sub_(self.handed[rank]).add_(self.copies[rank])
+        self.copies[rank] = row
+        self.handed[rank] = row
 
     def average_gradients(self, members: tuple[int, ...] | list[int]) -> None:
         index = torch.tensor(members)

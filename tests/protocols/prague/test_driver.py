@@ -18,17 +18,24 @@ pytestmark = pytest.mark.integration
 HAS_FASHION = any(d.is_dir() for d in FASHION_MNIST_DIRS)
 
 
+BETWEEN = {"overlap": False}  # P-Reduces between steps, as before --overlap
+
+
 @pytest.mark.parametrize(
-    "options", [{"gg_policy": "random"}, {"schedule": "static"}, {"group_size": 2}],
-    ids=["random groups", "static schedule", "ready groups"],
+    "options", [{"gg_policy": "random"}, {"schedule": "static"}, {"group_size": 2},
+                {"gg_policy": "random", "group_buffer": True}, {"group_size": 2, **BETWEEN},
+                {"gg_policy": "random", **BETWEEN}],
+    ids=["random groups", "static schedule", "ready groups", "paper", "ready between steps",
+         "random between steps"],
 )
 def test_zero_lr_conserves_the_sum_and_reaches_consensus(options, check_zero_lr_consensus):
     check_zero_lr_consensus(protocol="prague", max_iterations=120, **options)
 
 
 @pytest.mark.parametrize(
-    "options", [{"schedule": "static"}, {"gg_policy": "random"}, {"group_size": 2}],
-    ids=["static schedule", "random groups", "ready groups"],
+    "options", [{"schedule": "static"}, {"gg_policy": "random"}, {"group_size": 2},
+                {"group_size": 2, **BETWEEN}],
+    ids=["static schedule", "random groups", "ready groups", "ready between steps"],
 )
 def test_max_iterations_is_run_exactly_by_every_worker_and_conserves_the_sum(
     options, check_zero_lr_consensus
@@ -51,11 +58,15 @@ CASES = {  # options, and the fewest distinct groups 8 x 100 requests must have 
     "size 3, group buffer": ({"group_size": 3, "gg_policy": "random", "group_buffer": True}, 230),
     "size 4, division 2": ({"group_size": 4, "gg_policy": "random", "group_division": 2}, 770),
     "size 3, ready": ({"group_size": 3}, 230),
+    "size 3, ready between steps": ({"group_size": 3, **BETWEEN}, 230),
+    "size 3, paper between steps": ({"group_size": 3, "gg_policy": "random",
+                                     "group_buffer": True, **BETWEEN}, 230),
 }
 
 
 @pytest.mark.parametrize("case", [
-    pytest.param(c, marks=pytest.mark.slow) if c in ("size 2", "size 3, group buffer") else c
+    pytest.param(c, marks=pytest.mark.slow) if c in ("size 2", "size 3, group buffer",
+                                                     "size 3, paper between steps") else c
     for c in CASES], ids=list(CASES))
 def test_hundreds_of_preduces_in_one_order_with_random_delays(case, train_run):
     result = train_run(protocol="prague", workers=8, max_iterations=100, step_time=2.0,

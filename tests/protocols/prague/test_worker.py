@@ -7,6 +7,7 @@ from hetsync.protocols.prague.group_generator import Group
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
     Leave,
+    MergeModels,
     PragueWorkerCore,
     PReduceFinished,
     RequestGroup,
@@ -97,6 +98,70 @@ def test_a_group_of_one_is_run_like_any_other():
     alone = Group(id=0, members=(0,))
     answer = GroupAssigned(group=alone, answers_request=True)
     assert core.handle(answer) == [RunPReduce(group=alone)]
+
+
+# Overlap: P-Reduces beside the compute.
+
+
+def _overlapped(first_iteration: int = 1) -> PragueWorkerCore:
+    return PragueWorkerCore(rank=0, world=5, first_iteration=first_iteration, overlap=True)
+
+
+def test_overlap_merges_requests_and_steps_at_once_then_reduces_beside_the_step():
+    core = _overlapped()
+    assert core.handle(StepFinished(iteration=1)) == [
+        MergeModels(), RequestGroup(rank=0, iteration=1, last=False), StartStep(iteration=2)]
+    assert core.state is WorkerState.COMPUTING and core.awaiting_answer
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
+    assert core.state is WorkerState.COMPUTING and core.running == MINE
+    assert core.handle(PReduceFinished(group_id=3)) == []
+    assert core.handle(StepFinished(iteration=2)) == [
+        MergeModels(), RequestGroup(rank=0, iteration=2, last=False), StartStep(iteration=3)]
+
+
+def test_overlap_the_next_step_ends_waiting_for_the_previous_answers_group():
+    core = _overlapped()
+    core.handle(StepFinished(iteration=1))
+    assert core.handle(StepFinished(iteration=2)) == []  # no answer yet
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
+    assert core.handle(PReduceFinished(group_id=3)) == [
+        MergeModels(), RequestGroup(rank=0, iteration=2, last=False), StartStep(iteration=3)]
+
+
+def test_overlap_groups_of_others_wait_for_the_first_merge_then_run_in_order():
+    core = _overlapped()
+    assert core.handle(GroupAssigned(group=OTHERS)) == []  # no copy of the model yet
+    assert core.handle(StepFinished(iteration=1)) == [
+        MergeModels(), RequestGroup(rank=0, iteration=1, last=False), StartStep(iteration=2),
+        RunPReduce(group=OTHERS)]
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
+    assert core.handle(StepFinished(iteration=2)) == []  # OTHERS runs, MINE is queued
+    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+    assert core.handle(GroupAssigned(group=LATER)) == []
+    assert core.handle(PReduceFinished(group_id=3)) == [
+        MergeModels(), RequestGroup(rank=0, iteration=2, last=False), StartStep(iteration=3),
+        RunPReduce(group=LATER)]
+
+
+def test_overlap_an_answer_naming_the_running_group_needs_no_second_preduce():
+    core = _overlapped()
+    core.handle(StepFinished(iteration=1))
+    core.handle(GroupAssigned(group=OTHERS))  # runs at once
+    assert core.handle(GroupAssigned(group=OTHERS, answers_request=True)) == []
+    assert core.handle(StepFinished(iteration=2)) == []
+    assert core.handle(PReduceFinished(group_id=1))[:2] == [
+        MergeModels(), RequestGroup(rank=0, iteration=2, last=False)]
+
+
+def test_overlap_last_step_leaves_after_its_group_and_the_queue_with_a_final_merge():
+    core = _overlapped(first_iteration=7)
+    assert core.handle(StepFinished(iteration=7, last=True)) == [
+        MergeModels(), RequestGroup(rank=0, iteration=7, last=True)]
+    assert core.handle(GroupAssigned(group=OTHERS)) == [RunPReduce(group=OTHERS)]
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
+    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+    assert core.handle(PReduceFinished(group_id=3)) == [MergeModels(), Leave()]
+    assert core.state is WorkerState.DONE
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,20 @@ whom comes from one of two places:
   number of workers bounds how far apart two workers can be); every worker reads it before
   each step (`StaticStop`).
 
+`--overlap` (random groups only): the P-Reduces run on a communication thread beside the
+compute, on a copy of the model that `MergeModels` folds back in (see `PragueWorkerCore`);
+the training thread only sends its request and, a step later, waits for that request's group
+if it is not done yet. Every thread feeds the core under one lock and executes the decisions
+it gets back (a merge, a message to the GG) under it, so the GG sees each worker's messages
+in the core's order; P-Reduces go to the communication thread, steps to the training thread.
+
+Where the time goes (rows' `extra`, seconds per iteration): `gg_wait_s` waiting for the GG's
+answer, of which `gg_hold_s` the GG held the request for a group to form (ready policy);
+`wake_s` from the answer's arrival on the receiving thread to the training thread running;
+`preduce_s` the P-Reduces, waits for late members included; with overlap `overlap_wait_s`
+the training thread's wait for the previous request's group, and `preduce_s` is the
+communication thread's (not on the training thread's path).
+
 Every wait is bounded by `--hang-timeout`, and its error names what was awaited.
 """
 
@@ -51,14 +65,17 @@ from hetsync.protocols.prague.group_generator import (
 from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
 from hetsync.protocols.prague.worker import (
+    Decision,
     GroupAssigned,
     Leave,
+    MergeModels,
     PragueWorkerCore,
     PReduceFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
     StepFinished,
+    WorkerState,
 )
 from hetsync.transport.flat import flatten, model_tensors, unflatten_into
 from hetsync.transport.preduce import make_preducer
@@ -67,6 +84,9 @@ from hetsync.transport.runtime import Runtime
 _TO_GG, _FROM_GG = 51, 52
 _REQUEST, _FINISHED, _BYE = 1.0, 2.0, 3.0
 _STOP_KEY = "prague/stop_at"
+_Inbox = tuple[GroupAssigned, float, float] | RunPReduce | BaseException | None
+"""An assignment (with when it arrived and how long the GG held its request), a P-Reduce for
+the communication thread, a failure, or the end (None)."""
 
 
 def _add_time(step: Step, key: str, began: float) -> None:
@@ -91,9 +111,17 @@ class Prague(Protocol):
         self.static = config.schedule == "static"
         self.period = static_schedule(runtime.world_size, config.workers_per_node)
         self.stopping = StaticStop(len(self.period) * runtime.world_size, config.max_iterations)
-        self.inbox: queue.Queue[GroupAssigned | BaseException] = queue.Queue()
-        self.core = PragueWorkerCore(rank, runtime.world_size)
+        self.inbox: queue.Queue[_Inbox] = queue.Queue()
+        self.overlap = config.overlap and not self.static
+        self.core = PragueWorkerCore(rank, runtime.world_size, overlap=self.overlap)
         self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()  # overlap: the core, the GG channel and the model
+        self._resume: queue.Queue[StartStep | Leave | BaseException] = queue.Queue()
+        self._comm: torch.Tensor | None = None  # overlap: the copy the P-Reduces average
+        self._handed: torch.Tensor | None = None  # ... and the model it was when handed over
+        self._ran: list[list[int]] = []  # overlap: groups run since the last row
+        self._comm_preduce_s = 0.0
+        self._sent_bytes = 0
         self._gg: _GroupGeneratorService | None = None
         if not self.static:
             if rank == 0:
@@ -103,6 +131,9 @@ class Prague(Protocol):
             elif runtime.world_size > 1:
                 self._threads.append(threading.Thread(target=self._receive, daemon=True,
                                                       name="prague-assignments"))
+            if self.overlap:
+                self._threads.append(threading.Thread(target=self._communicate, daemon=True,
+                                                      name="prague-preduce"))
         for thread in self._threads:
             thread.start()
 
@@ -110,6 +141,8 @@ class Prague(Protocol):
         step.begin_sync()
         if self.static:
             self._static_step(step)
+        elif self.overlap:
+            self._overlapped_step(step)
         else:
             self._group_step(step)
 
@@ -144,7 +177,107 @@ class Prague(Protocol):
             _add_time(step, "gg_wait_s", began)
         if isinstance(item, BaseException):
             raise RuntimeError(f"prague: group messages failed: {item!r}") from item
-        return item
+        assigned, arrived, held = item
+        if assigned.answers_request:
+            step.extra["gg_hold_s"] = float(step.extra.get("gg_hold_s", 0.0)) + held  # type: ignore[arg-type]
+        _add_time(step, "wake_s", max(arrived, began))
+        return assigned
+
+    # --- random groups, P-Reduces overlapped with the compute ------------------------------
+    def _overlapped_step(self, step: Step) -> None:
+        with self._lock:
+            decisions = self.core.handle(StepFinished(iteration=step.iteration,
+                                                      last=step.wants_stop))
+            resume = self._execute(decisions)
+        if resume is None:
+            with step.blocking():
+                began = time.perf_counter()
+                try:
+                    resume = self._resume.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TimeoutError(
+                        f"prague: rank {self.rank} waited {self.timeout:g} s after step "
+                        f"{step.iteration} for its previous group: {self._waiting_for()}"
+                    ) from None
+                _add_time(step, "overlap_wait_s", began)
+        if isinstance(resume, BaseException):
+            raise RuntimeError(f"prague: the P-Reduce thread failed: {resume!r}") from resume
+        with self._lock:
+            step.extra["groups"], self._ran = self._ran, []
+            step.extra["preduce_s"], self._comm_preduce_s = self._comm_preduce_s, 0.0
+        step.bytes_sent += self._sent_bytes
+        self._sent_bytes = 0
+        step.stop = isinstance(resume, Leave)
+
+    def _waiting_for(self) -> str:
+        with self._lock:
+            core = self.core
+            return (f"answer {'awaited' if core.awaiting_answer else 'received'}, running "
+                    f"{core.running}, queued {list(core.queued)}")
+
+    def _execute(self, decisions: list[Decision]) -> StartStep | Leave | None:
+        """Under the lock: merge and message the GG now, hand P-Reduces to the communication
+        thread; the step to start (or Leave), for the training thread."""
+        resume = None
+        for decision in decisions:
+            if isinstance(decision, MergeModels):
+                self._merge()
+            elif isinstance(decision, RequestGroup):
+                self._to_gg(_REQUEST, decision.iteration, float(decision.last))
+            elif isinstance(decision, RunPReduce):
+                self.inbox.put(decision)
+            else:
+                assert isinstance(decision, (StartStep, Leave))
+                resume = decision
+        return resume
+
+    def _merge(self) -> None:
+        """x <- c + (x - s); then c = s = x (the training thread is waiting)."""
+        flat = flatten(self.tensors)
+        if self._comm is not None and self._handed is not None:
+            flat.sub_(self._handed).add_(self._comm)  # exact with lr 0
+            with torch.no_grad():
+                unflatten_into(flat, self.tensors)
+        self._comm, self._handed = flat, flat.clone()
+
+    def _communicate(self) -> None:
+        """The communication thread: feeds assignments to the core, runs the P-Reduces."""
+        try:
+            while self.core.state is not WorkerState.DONE:
+                item = self.inbox.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, RunPReduce):
+                    self._background_preduce(item.group)
+                    continue
+                with self._lock:
+                    resume = self._execute(self.core.handle(item[0]))
+                if resume is not None:
+                    self._resume.put(resume)
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            self._resume.put(error)
+
+    def _background_preduce(self, group: Group) -> None:
+        comm = self._comm
+        assert comm is not None
+        began = time.perf_counter()
+        if len(group.members) > 1:
+            self.preducer.average(comm, group.members)
+            if self.network is not None:
+                nbytes = self.network.scaled(comm.numel() * comm.element_size())
+                self.network.after_blocking(None, self.preducer.messages(group.members, nbytes),
+                                            f"preduce{len(group.members)}",
+                                            time.perf_counter() - began)
+        with self._lock:
+            self._ran.append([group.id, *group.members])
+            self._comm_preduce_s += time.perf_counter() - began
+            self._sent_bytes += comm.numel() * comm.element_size() * (len(group.members) - 1)
+            self._to_gg(_FINISHED, group.id, 0.0)
+            resume = self._execute(self.core.handle(PReduceFinished(group_id=group.id)))
+        if resume is not None:
+            self._resume.put(resume)
 
     def _to_gg(self, kind: float, value: int, flag: float) -> None:
         if self._gg is not None:
@@ -153,16 +286,17 @@ class Prague(Protocol):
             message = torch.tensor([kind, float(value), flag])
             dist.send(message, 0, tag=_TO_GG, group=self._host_group)
 
-    def _deliver(self, assign: AssignGroup) -> None:
+    def _deliver(self, assign: AssignGroup, held: float) -> None:
         """Rank 0's GG hands rank 0 its own assignments directly."""
-        self.inbox.put(GroupAssigned(group=assign.group, answers_request=assign.answers_request))
+        assigned = GroupAssigned(group=assign.group, answers_request=assign.answers_request)
+        self.inbox.put((assigned, time.perf_counter(), held))
 
     def _receive(self) -> None:
         """Assignments from the GG, in its order, until the answer to this worker's last
         request has come and every group it announced has been run."""
         try:
             while True:
-                message = torch.empty(3 + self.runtime.world_size)
+                message = torch.empty(4 + self.runtime.world_size)
                 dist.recv(message, 0, tag=_FROM_GG, group=self._host_group)
                 if self.network is not None:  # an answer is charged with its request
                     sent = push_pull(self.rank, 0, 12, message.numel() * 4) if message[1] else (
@@ -170,10 +304,11 @@ class Prague(Protocol):
                     self.network.occupy(sent)
                 if message[0] < 0:
                     return
-                size = int(message[2])
-                members = tuple(int(r) for r in message[3 : 3 + size])
+                size = int(message[3])
+                members = tuple(int(r) for r in message[4 : 4 + size])
                 group = Group(id=int(message[0]), members=members)
-                self.inbox.put(GroupAssigned(group=group, answers_request=bool(message[1])))
+                assigned = GroupAssigned(group=group, answers_request=bool(message[1]))
+                self.inbox.put((assigned, time.perf_counter(), float(message[2])))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self.inbox.put(error)
 
@@ -216,6 +351,8 @@ class Prague(Protocol):
     def close(self) -> None:
         """Say goodbye to the GG; rank 0 waits until every worker has said it."""
         if not self.static:
+            if self.overlap:
+                self.inbox.put(None)  # the communication thread, if it still waits
             self._to_gg(_BYE, 0, 0.0)
             for thread in self._threads:
                 thread.join()
@@ -232,13 +369,15 @@ class _GroupGeneratorService:
     core and sends assignments (to rank 0 itself through `deliver`)."""
 
     def __init__(
-        self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup], None], ready_wait: float,
+        self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup, float], None],
+        ready_wait: float,
         host_group: dist.ProcessGroup | None,
     ) -> None:
         self.core = core
         self._host_group = host_group
         self.world = core.world
         self.deliver = deliver
+        self._requested_at: dict[int, float] = {}
         self.inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
         self.error: BaseException | None = None
         self.ready_wait = ready_wait
@@ -278,6 +417,7 @@ class _GroupGeneratorService:
                     self._end(rank)
                 elif kind == _REQUEST:
                     event = GroupRequested(rank=rank, iteration=value, last=bool(flag))
+                    self._requested_at[rank] = time.perf_counter()
                     self._send_all(self.core.handle(event))
                 else:
                     self._send_all(self.core.handle(GroupFinished(group_id=value, rank=rank)))
@@ -285,24 +425,28 @@ class _GroupGeneratorService:
             self.error = error
 
     def _send_all(self, assignments: list[AssignGroup]) -> None:
+        now = time.perf_counter()
         for assign in assignments:
+            held = now - self._requested_at.pop(assign.rank) if assign.answers_request else 0.0
             if assign.rank == 0:
-                self.deliver(assign)
+                self.deliver(assign, held)
             else:
-                self._send(assign.rank, assign.group, assign.answers_request)
+                self._send(assign.rank, assign.group, assign.answers_request, held)
 
     def _end(self, rank: int) -> None:
         """`rank` said goodbye: end its assignment channel."""
         if rank > 0:
-            self._send(rank, None, False)
+            self._send(rank, None, False, 0.0)
 
-    def _send(self, rank: int, group: Group | None, answers_request: bool) -> None:
-        """One assignment (or, with no group, the end marker). A blocking send returns at
+    def _send(self, rank: int, group: Group | None, answers_request: bool, held: float) -> None:
+        """One assignment (or, with no group, the end marker): id, whether it answers the
+        request, how long the GG held that request, size, members. A blocking send returns at
         once: the worker's receiver thread always waits for the next one."""
-        message = torch.full((3 + self.world,), -1.0)
+        message = torch.full((4 + self.world,), -1.0)
         if group is not None:
-            message[:3] = torch.tensor([group.id, float(answers_request), len(group.members)])
-            message[3 : 3 + len(group.members)] = torch.tensor(group.members)
+            message[:4] = torch.tensor([group.id, float(answers_request), held,
+                                        len(group.members)])
+            message[4 : 4 + len(group.members)] = torch.tensor(group.members)
         dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
 
     def raise_error(self) -> None:

@@ -15,6 +15,21 @@ Decisions out, to execute in order: `RequestGroup` (send to the GG), `RunPReduce
 then feed `PReduceFinished`, and tell the GG `GroupFinished`), `StartStep`, `Leave`. The
 core is born in COMPUTING: the driver starts step `first_iteration` by itself.
 
+Overlap (`overlap=True`, `--overlap`): the P-Reduces run beside the compute instead of
+between steps, as D-PSGD overlaps its exchange. The driver averages a *communication copy* of
+the model (`c`) and keeps the model it trains apart; `MergeModels` moves the averages into the
+model and hands the model to the next P-Reduces: x <- c + (x - s), then c = s = x, where s is
+what was handed over last (so the local updates made meanwhile, x - s, are kept and the sum
+of the models is conserved with lr 0). A finished step is merged and its request sent at once,
+and the next step starts without waiting for the answer; the step after it waits until the
+answer's group is done (and no P-Reduce runs, so that `c` is not read half-averaged), then
+merges. So each step's model is averaged exactly as without overlap, but the gradient of step
+k+1 is taken at x_k before its average: the average lands one step late (x_{k+1} = avg(x_k) +
+update(x_k)). Groups assigned by others run as soon as they come, in id order, whatever the
+step does. A `last` step is merged, requested, and left once its answer's group and every
+queued group are done, with a final merge. Groups assigned before the first merge wait for
+it: the copy is made there, from the model the training loop has then (possibly loaded).
+
 Errors: an event the driver should not feed now (a step never started, a P-Reduce never run)
 raises `LocalProtocolError`; a GG message that breaks the protocol (a group without this rank,
 out of the global order, an answer to no request) raises `RemoteProtocolError`. Afterwards
@@ -31,8 +46,8 @@ from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtoc
 from hetsync.protocols.prague.group_generator import Group
 
 __all__ = [
-    "Decision", "GroupAssigned", "Leave", "PReduceFinished", "PragueWorkerCore", "RequestGroup",
-    "RunPReduce", "StartStep", "StepFinished", "WorkerState",
+    "Decision", "GroupAssigned", "Leave", "MergeModels", "PReduceFinished", "PragueWorkerCore",
+    "RequestGroup", "RunPReduce", "StartStep", "StepFinished", "WorkerState",
 ]
 
 
@@ -77,6 +92,12 @@ class RunPReduce:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MergeModels:
+    """Overlap only: x <- c + (x - s), then c = s = x (see the module doc). No P-Reduce runs
+    until the next decision; the training loop is waiting."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StartStep:
     """Run local step `iteration`."""
 
@@ -88,13 +109,15 @@ class Leave:
     """Every group of this worker is done; it may leave the run."""
 
 
-Decision = RequestGroup | RunPReduce | StartStep | Leave
+Decision = RequestGroup | RunPReduce | MergeModels | StartStep | Leave
 
 
 class WorkerState(Enum):
-    COMPUTING = "computing"  # a local step runs; groups that arrive queue up
-    SYNCING = "syncing"  # step done; waiting for the GG's answer (queue empty)
-    REDUCING = "reducing"  # a P-Reduce runs
+    COMPUTING = "computing"  # a local step runs; groups that arrive queue up (or, with
+    # overlap, run)
+    SYNCING = "syncing"  # step done; waiting for the GG's answer (queue empty), or with
+    # overlap for the previous answer's group
+    REDUCING = "reducing"  # a P-Reduce runs (without overlap: with it see `running`)
     DONE = "done"  # the last step is averaged and the queue empty: Leave was returned
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
@@ -102,7 +125,8 @@ class WorkerState(Enum):
 class PragueWorkerCore:
     """The decisions of one Prague worker (see the module doc)."""
 
-    def __init__(self, rank: int, world: int, first_iteration: int = 1) -> None:
+    def __init__(self, rank: int, world: int, first_iteration: int = 1,
+                 overlap: bool = False) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"Arg `rank` must be in 0..{world - 1} (got {rank})")
         self.rank = rank
@@ -114,6 +138,10 @@ class PragueWorkerCore:
         self._last = False
         self._newest_id = -1
         self._started_since_request: set[int] = set()
+        self.overlap = overlap
+        self._answer: int | None = None  # overlap: the id of the answer's group, until done
+        self._requested_last = False
+        self._handed_over = False  # overlap: no P-Reduce before the first merge (no copy yet)
 
     @property
     def state(self) -> WorkerState:
@@ -158,9 +186,12 @@ class PragueWorkerCore:
         if self._state is not WorkerState.COMPUTING or event.iteration != self._iteration:
             raise self._local(event, f"expected StepFinished(iteration={self._iteration}) "
                               f"while COMPUTING")
-        self._awaiting_answer, self._last = True, event.last
-        self._started_since_request.clear()
+        self._last = event.last
         self._state = WorkerState.SYNCING
+        if self.overlap:
+            return self._next_overlapped()
+        self._awaiting_answer = True
+        self._started_since_request.clear()
         request = RequestGroup(rank=self.rank, iteration=event.iteration, last=event.last)
         return [request, *self._next()]
 
@@ -183,6 +214,10 @@ class PragueWorkerCore:
             self._queue.append(group)
         if event.answers_request:
             self._awaiting_answer = False
+            pending = group in self._queue or group == self._running
+            self._answer = group.id if pending else None
+        if self.overlap:
+            return self._next_overlapped()
         return self._next() if self._state is WorkerState.SYNCING else []
 
     def _on_preduce_finished(self, event: PReduceFinished) -> list[Decision]:
@@ -190,6 +225,10 @@ class PragueWorkerCore:
             running = f"group {self._running.id}" if self._running else "none"
             raise self._local(event, f"the P-Reduce running is {running}")
         self._running = None
+        if self.overlap:
+            if event.group_id == self._answer:
+                self._answer = None
+            return self._next_overlapped()
         self._state = WorkerState.SYNCING
         return self._next()
 
@@ -208,6 +247,34 @@ class PragueWorkerCore:
         self._iteration += 1
         self._state = WorkerState.COMPUTING
         return [StartStep(iteration=self._iteration)]
+
+    def _next_overlapped(self) -> list[Decision]:
+        """With overlap: merge and request (then step, or leave at the end) once the previous
+        answer's group is done and no P-Reduce runs; then start the next queued group."""
+        decisions: list[Decision] = []
+        settled = (self._running is None and not self._awaiting_answer
+                   and self._answer is None)
+        if self._state is WorkerState.SYNCING and settled:
+            if not self._requested_last:
+                decisions.append(MergeModels())
+                self._handed_over = True
+                decisions.append(RequestGroup(rank=self.rank, iteration=self._iteration,
+                                              last=self._last))
+                self._awaiting_answer = True
+                self._started_since_request.clear()
+                self._requested_last = self._last
+                if not self._last:
+                    self._iteration += 1
+                    self._state = WorkerState.COMPUTING
+                    decisions.append(StartStep(iteration=self._iteration))
+            elif not self._queue:
+                self._state = WorkerState.DONE
+                return [MergeModels(), Leave()]
+        if self._running is None and self._queue and self._handed_over:
+            self._running = self._queue.popleft()
+            self._started_since_request.add(self._running.id)
+            decisions.append(RunPReduce(group=self._running))
+        return decisions
 
     def _local(self, event: object, problem: str) -> LocalProtocolError:
         return LocalProtocolError(f"rank {self.rank} in state {self._state.name}: cannot take "

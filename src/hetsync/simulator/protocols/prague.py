@@ -10,6 +10,10 @@ A P-Reduce starts when its last member reaches it and costs the messages of the 
 the real run would choose (`--preduce`), on the shared NIC clocks. The static schedule has no
 Group Generator: each step's partition comes from `static_group`, and the stop step is agreed
 through a shared value that plays the control store.
+
+With `--overlap` the core's decisions say the same as in the real run: a P-Reduce runs beside
+the compute (the worker blocks only where its core returned no step to start), and
+`MergeModels` folds the averaged copy into the model (`MathModel.merge`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from hetsync.protocols.prague.static_schedule import StaticStop, static_group, s
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
     Leave,
+    MergeModels,
     PragueWorkerCore,
     PReduceFinished,
     RequestGroup,
@@ -45,8 +50,9 @@ __all__ = ["build_workers"]
 class Rendezvous:
     """P-Reduces by key: each starts when its last member arrives, and ends for all at once."""
 
-    def __init__(self, sim: Simulation) -> None:
+    def __init__(self, sim: Simulation, copies: bool = False) -> None:
         self.sim = sim
+        self.copies = copies  # overlap: the P-Reduces average the copies
         self.preducer = make_preducer(sim.config.preduce if sim.config.preduce != "subgroup"
                                       else "mesh", 0, sim.world, network=sim.costs.network)
         self._arrived: dict[object, list[PragueWorker]] = {}
@@ -63,7 +69,10 @@ class Rendezvous:
         now = sim.clock.now
         end = max(sim.costs.network.send(messages, at=now), default=now)
         if sim.math is not None:
-            sim.math.average(members)
+            if self.copies:
+                sim.math.average_copies(members)
+            else:
+                sim.math.average(members)
         sent = nbytes * (len(members) - 1)
         for member in arrived:
             member.charge(network_s=end - now, nbytes=sent)
@@ -108,7 +117,8 @@ class PragueWorker(SimWorker):
                  period: list[Any] | None = None) -> None:
         super().__init__(sim, rank)
         self.rendezvous, self.gg, self.stop, self.period = rendezvous, gg, stop, period
-        self.core = PragueWorkerCore(rank, sim.world)
+        self.overlap = sim.config.overlap and gg is not None
+        self.core = PragueWorkerCore(rank, sim.world, overlap=self.overlap)
         self._static_groups: dict[int, tuple[int, ...]] = {}
         """This worker's group at each place of the period (`static_group` is pure)."""
         self._pending: list[Any] = []
@@ -126,8 +136,11 @@ class PragueWorker(SimWorker):
         wants_stop = self.sim.wants_stop(iteration)
         if self.gg is None:
             self._static(iteration, wants_stop)
-        else:
-            self._run(self.core.handle(StepFinished(iteration=iteration, last=wants_stop)))
+            return
+        decisions = self.core.handle(StepFinished(iteration=iteration, last=wants_stop))
+        if self.overlap and not any(isinstance(d, (StartStep, Leave)) for d in decisions):
+            self.block("the group of its previous request")
+        self._run(decisions)
 
     # --- random groups ---------------------------------------------------------------------
     def receive(self, message: GroupAssigned) -> None:
@@ -142,11 +155,18 @@ class PragueWorker(SimWorker):
                 event = GroupRequested(rank=self.rank, iteration=decision.iteration,
                                        last=decision.last)
                 sim.control(self.rank, 0, self.gg.receive, event)
-                self.block("the Group Generator's answer")
+                if not self.overlap:
+                    self.block("the Group Generator's answer")
+            elif isinstance(decision, MergeModels):
+                if sim.math is not None:
+                    sim.math.merge(self.rank)
             elif isinstance(decision, RunPReduce):
                 group = decision.group
                 self._groups.append([group.id, *group.members])
                 if len(group.members) > 1:
+                    if self.overlap:  # beside the compute: the decisions go on
+                        self.rendezvous.join(group.id, group.members, self)
+                        continue
                     self._pending = decisions
                     self.block(lambda g=group: f"the P-Reduce of group {g.id} {list(g.members)}")
                     self.rendezvous.join(group.id, group.members, self)
@@ -216,7 +236,7 @@ class PragueWorker(SimWorker):
 
 def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
-    rendezvous = Rendezvous(sim)
+    rendezvous = Rendezvous(sim, copies=config.overlap and config.schedule != "static")
     if config.schedule == "static":
         period = static_schedule(sim.world, config.workers_per_node)
         lead = len(period) * sim.world
