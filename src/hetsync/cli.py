@@ -56,6 +56,8 @@ _RUN_HELP = {
     "optimizer, iteration, data position) in DIR/checkpoints/, for `train --resume DIR`",
     "fault": "inject failures: kill:rank=R,at=20s | stop:rank=R,at=10s[,for=5s] | "
     "raise:rank=R,at=ITER | hang:rank=R,at=ITER, joined by ';' (tests, experiments)",
+    "on_failure": "a lost worker (dead, stopped or hung): stop the run, or continue without it "
+    "(hop, prague with the Group Generator, adpsgd, ps; see docs/failures.md)",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",

@@ -83,7 +83,7 @@ class Prague(Protocol):
     ) -> None:
         super().__init__(runtime, model, optimizer)
         config, rank = runtime.config, runtime.rank
-        self.rank, self.timeout = rank, config.hang_timeout
+        self.rank, self.timeout = rank, runtime.wait_timeout
         self.tensors = model_tensors(model)
         self._host_group = runtime.host_group  # the GG's messages: any source, so gloo
         self.preducer = make_preducer(config.preduce, rank, runtime.world_size,
