@@ -175,7 +175,7 @@ class Monitor:
         if stopped:  # a stopped process cannot answer for its stack: the kernel says it
             rank = stopped[0]
             raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) at iteration "
-                               f"{progress.iterations[rank] + 1}; the others waited for it "
+                               f"{progress.iterations[rank] + 1} and made no progress for "
                                f"{self.hang_timeout:g} s")
         if computing:
             rank = computing[0]
