@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from hetsync.config import RunConfig, load_toml
 from hetsync.errors import ConfigError, is_follow_on
+from hetsync.faults import FaultPlan, MessageDelay, parse_faults
 from hetsync.transport.lost_workers import LostWorkers
 
 __all__ = ["Runtime", "current_runtime", "init"]
@@ -65,6 +66,8 @@ class Runtime:
     """Set once `t0` is the run's (receiver threads may get a message before that)."""
     lost: LostWorkers | None = None
     """Under `--on-failure continue`, the workers lost from the run; None: a loss ends it."""
+    message_delay: MessageDelay | None = None
+    """`--fault delay-messages`: holds some of this worker's messages back."""
 
     @property
     def host(self) -> torch.device:
@@ -82,6 +85,11 @@ class Runtime:
             self.store.set("t0", repr(time.time()))
         self.t0 = float(self.store.get("t0").decode())
         self.clock_started.set()
+
+    def before_send(self) -> None:
+        """Called by protocols right before a message leaves (`--fault delay-messages`)."""
+        if self.message_delay is not None:
+            self.message_delay()
 
     @property
     def wait_timeout(self) -> float:
@@ -198,6 +206,7 @@ def init(**defaults: object) -> Runtime:
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
         config=config, store=control, t0=time.time(), run_dir=run_dir, launched=launched,
         host_group=host_group, lost=lost,
+        message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
     _install_failure_reporting(_RUNTIME)
     atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)

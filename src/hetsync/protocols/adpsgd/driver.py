@@ -146,6 +146,7 @@ class ADPSGD(Protocol):
         message = self._message(_AVERAGE)
         reply = torch.empty_like(message)
         works: list[dist.Work] = []
+        self.runtime.before_send()
         if not self._unless_lost(partner, lambda: works.extend([
                 dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
                 dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)])):
@@ -262,6 +263,7 @@ class ADPSGD(Protocol):
                 reply = flatten([average], _AVERAGE)
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
+                self.runtime.before_send()
                 self._unless_lost(source, partial(dist.send, reply, source, tag=_REPLY_TAG,
                                                   group=self.group))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread

@@ -193,6 +193,7 @@ class Hop(Protocol):
         if tag == _UPDATE_TAG:
             with step.blocking():
                 self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
+        self.runtime.before_send()
         for j in to:
             if j not in self._lost:
                 self._sends.append((dist.isend(message, j, tag=tag, group=self.group), message,

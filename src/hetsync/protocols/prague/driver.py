@@ -155,6 +155,7 @@ class Prague(Protocol):
         return item
 
     def _to_gg(self, kind: float, value: int, flag: float) -> None:
+        self.runtime.before_send()
         if self._gg is not None:
             self._gg.put(self.rank, kind, value, flag)
         else:
@@ -211,6 +212,7 @@ class Prague(Protocol):
         flat = flatten(self.tensors)
         with step.blocking():
             began = time.perf_counter()
+            self.runtime.before_send()
             if self.runtime.lost is None:
                 self.preducer.average(flat, members)
             else:
@@ -326,6 +328,7 @@ class _GroupGeneratorService:
         if group is not None:
             message[:3] = torch.tensor([group.id, float(answers_request), len(group.members)])
             message[3 : 3 + len(group.members)] = torch.tensor(group.members)
+        self.runtime.before_send()
         try:
             dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
         except RuntimeError as error:

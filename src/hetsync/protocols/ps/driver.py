@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -134,8 +135,10 @@ class _Server:
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
                  sync: bool, world: int, group: dist.ProcessGroup | None = None,
                  backup: int = 0, network: NetworkEmulator | None = None,
-                 lost: LostWorkers | None = None) -> None:
+                 lost: LostWorkers | None = None,
+                 before_send: Callable[[], None] | None = None) -> None:
         self.source, self.group, self.network, self.lost = optimizer, group, network, lost
+        self.before_send = before_send
         groups = _trainable(optimizer)
         self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
                        for p in group]
@@ -311,6 +314,8 @@ class _Server:
             for rank, reply in sends:
                 if self.network is not None:  # replies leave rank 0's NIC one after another
                     self.network.occupy(point_to_point(0, rank, self._model_bytes(reply)))
+                if self.before_send is not None:
+                    self.before_send()
                 try:
                     dist.send(reply, rank, tag=PULL_TAG, group=self.group)
                 except RuntimeError as error:
@@ -342,7 +347,8 @@ class ParameterServer(Protocol):
         self.reply = torch.empty(size, dtype=self.dtype)
         self.server = (
             _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
-                    backup=self.backup, network=self.network, lost=runtime.lost)
+                    backup=self.backup, network=self.network, lost=runtime.lost,
+                    before_send=runtime.before_send)
             if runtime.rank == 0 else None
         )
 
@@ -356,6 +362,7 @@ class ParameterServer(Protocol):
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
         msg = _flat([header, *grads, delta], self.dtype)
         with step.blocking():
+            self.runtime.before_send()
             if self.server is not None:
                 reply = self.server.push(msg)
             else:
