@@ -397,6 +397,10 @@ def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
     if summary["final_loss"] is not None:
         parts.append(f"final loss {summary['final_loss']:.4f}")
     parts.append(f"sync wait {100 * float(summary['sync_wait_fraction']):.0f}%")
+    lost = summary.get("lost_workers")
+    if isinstance(lost, list) and lost:
+        ranks = ", ".join(str(w["rank"]) for w in lost)
+        parts.append(f"{len(lost)} worker(s) lost (ranks {ranks})")
     distance = summary.get("final_consensus_distance")
     if distance is not None:
         parts.append(f"final models {float(distance):.2g} apart (consensus distance)")
