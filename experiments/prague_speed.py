@@ -1,5 +1,6 @@
 """Benchmark: where Prague's time goes, with and without `--overlap`, for the default (ready
-groups) and the paper's variant (random groups + Group Buffer), beside AD-PSGD.
+groups) and the paper's variant (random groups + Group Buffer), beside All-Reduce and
+AD-PSGD.
 
 svm, 50 ms emulated steps, homogeneous and with rank 3 5x slow, 20 s per run (issue 15's
 setting). Prints the run table (fraction of the ideal throughput), then per run the mean
@@ -8,7 +9,7 @@ Group Generator, of which it held the request for a group to form; the answer's 
 to the training thread; P-Reduce with the members' waits; with overlap the wait for the
 previous request's group) and the rest (the loop's own work, the sleep's late wake-ups).
 `--network`/`--payload` give the papers' regime (docs/network.md). About 4 minutes at 8
-workers.
+workers (ratios are to All-Reduce).
 
     python experiments/prague_speed.py [--workers 16] [--network bandwidth=10Gbit,latency=50us
         --payload 100MB] [--out runs/bench-prague-speed]
@@ -27,6 +28,7 @@ from hetsync.metrics.summary import read_jsonl
 SETTINGS = {"homogeneous": "none", "one 5x slow": "deterministic:ranks=3,factor=5"}
 PAPER = {"protocol": "prague", "gg_policy": "random", "group_buffer": True}
 VARIANTS = [
+    ("allreduce", {"protocol": "allreduce"}),
     ("adpsgd", {"protocol": "adpsgd"}),
     ("prague", {"protocol": "prague"}),
     ("prague-between", {"protocol": "prague", "overlap": False}),

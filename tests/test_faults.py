@@ -49,3 +49,25 @@ def test_the_plan_fires_each_fault_once_and_resumes_a_stop():
     assert plan.inside_due(1, 5, 10.0) is None
     assert plan.inside_due(2, 5, 10.0) == Fault("raise", 2, at_iteration=5)
     assert plan.inside_due(2, 6, 10.0) is None
+
+
+def test_message_delays_parse_and_replay_from_the_seed():
+    [fault] = parse_faults("delay-messages:p=0.25,ms=200")
+    assert fault == Fault("delay-messages", -1, p=0.25, delay_s=0.2)
+    plan = FaultPlan(parse_faults("delay-messages:p=0.5,ms=0,rank=2"))
+    assert plan.message_delay(1, seed=0) is None  # only rank 2's messages
+    first, again = plan.message_delay(2, seed=7), plan.message_delay(2, seed=7)
+    assert first is not None and again is not None
+    assert [first.rng.random() for _ in range(5)] == [again.rng.random() for _ in range(5)]
+    assert plan.inside_due(2, 1, 0.0) is None  # not a fault of the training loop
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("delay-messages:p=0.1", "needs p= and ms="),
+    ("delay-messages:p=2,ms=5", "p= must be in"),
+    ("delay-messages:p=x,ms=5", "must be numbers"),
+    ("delay-messages:p=0.1,ms=5,at=3s", "is not p=, ms= or rank="),
+])
+def test_a_wrong_delay_spec_gets_one_line(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_faults(spec)

@@ -56,6 +56,8 @@ _RUN_HELP = {
     "optimizer, iteration, data position) in DIR/checkpoints/, for `train --resume DIR`",
     "fault": "inject failures: kill:rank=R,at=20s | stop:rank=R,at=10s[,for=5s] | "
     "raise:rank=R,at=ITER | hang:rank=R,at=ITER, joined by ';' (tests, experiments)",
+    "on_failure": "a lost worker (dead, stopped or hung): stop the run, or continue without it "
+    "(hop, prague with the Group Generator, adpsgd, ps; see docs/failures.md)",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",
@@ -395,6 +397,10 @@ def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
     if summary["final_loss"] is not None:
         parts.append(f"final loss {summary['final_loss']:.4f}")
     parts.append(f"sync wait {100 * float(summary['sync_wait_fraction']):.0f}%")
+    lost = summary.get("lost_workers")
+    if isinstance(lost, list) and lost:
+        ranks = ", ".join(str(w["rank"]) for w in lost)
+        parts.append(f"{len(lost)} worker(s) lost (ranks {ranks})")
     distance = summary.get("final_consensus_distance")
     if distance is not None:
         parts.append(f"final models {float(distance):.2g} apart (consensus distance)")

@@ -17,7 +17,12 @@ from typing import Any
 from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
 from hetsync.network.spec import parse_network, parse_payload
-from hetsync.protocols.catalog import BUILTIN, PROTOCOL_OPTIONS, check_protocol_options
+from hetsync.protocols.catalog import (
+    BUILTIN,
+    PROTOCOL_OPTIONS,
+    check_protocol_options,
+    essential_ranks,
+)
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
 
@@ -31,6 +36,7 @@ __all__ = ["OPTION_HELP", "RunConfig", "load_toml"]
 _CHOICES = {
     "weights": WEIGHTS,
     "backend": ("auto", "gloo", "nccl"),
+    "on_failure": ("stop", "continue"),
     **{name: allowed for options in PROTOCOL_OPTIONS for name, allowed in options.CHOICES.items()},
 }
 #: Each protocol's options, as its package describes them: the flags' help.
@@ -91,6 +97,9 @@ class _RunOptions:
     None: no checkpoints."""
     fault: str = "none"
     """Failures to inject on purpose (see hetsync.faults), for tests and experiments."""
+    on_failure: str = "stop"
+    """What a lost worker (dead, stopped, hung) does to the run: stop it, or continue without
+    the worker where the protocol can (see hetsync.protocols.catalog.essential_ranks)."""
     quiet: bool = False
     keep_snapshots: bool = False
     script: list[str] = field(default_factory=list)
@@ -166,6 +175,8 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             check_protocol_options(self)
         else:
             protocol.check_config(self)
+        if self.on_failure == "continue":
+            essential_ranks(self)
         if self.backend == "nccl":
             import torch  # late: reading a config must not cost a torch import
 

@@ -14,12 +14,16 @@ class ConfigError(HetsyncError, ValueError):
 
 
 class WorkerFailed(HetsyncError, RuntimeError):
-    """A worker crashed, was killed or hung; the message names its rank and shows its stack."""
+    """A worker crashed, was killed or hung; the message names its rank and shows its stack.
+    `own`: the worker itself failed (died, was stopped, hung while computing), rather than
+    failing with its peers (a deadlock, a peer's failure echoing): a loss that
+    `--on-failure continue` may go on without."""
 
-    def __init__(self, rank: int, reason: str, details: str = "") -> None:
+    def __init__(self, rank: int, reason: str, details: str = "", own: bool = True) -> None:
         self.rank = rank
         self.reason = reason
         self.details = details
+        self.own = own
         text = f"worker rank {rank} {reason}"
         super().__init__(f"{text}\n{details}".rstrip())
 

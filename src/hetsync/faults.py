@@ -7,24 +7,35 @@ A spec is one or more faults separated by ";":
                                (without `for`, it stays stopped: a hang the monitor must name)
     raise:rank=1,at=40         worker 1 raises an error in iteration 40
     hang:rank=1,at=40          worker 1 blocks for good in iteration 40
+    delay-messages:p=0.05,ms=200[,rank=R]
+                               each message a worker (or only worker R) sends is held back
+                               200 ms with probability 0.05, from the start of the run
 
 `at` is seconds into the run with a unit (`20s`, `500ms`), or an iteration without one.
 `kill` and `stop` come from outside the worker, as a node failure or a debugger would, so
 they are the launcher's; `raise` and `hang` come from inside the training loop. Parsing is
 pure; `FaultPlan` says what is due, and the launcher and the worker act on it.
+
+`delay-messages` holds a message back in the thread that sends it, just before it is posted
+(as a congested queue in front of the link would): a protocol's point-to-point message, a
+P-Reduce or a collective (this worker's part of it) counts as one message. The draws come
+from a generator seeded by the run's seed and the rank, so a run replays its delays.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass
 
 from hetsync.errors import ConfigError
 
-__all__ = ["Fault", "FaultPlan", "parse_faults"]
+__all__ = ["Fault", "FaultPlan", "MessageDelay", "parse_faults"]
 
-KINDS = ("kill", "stop", "raise", "hang")
+KINDS = ("kill", "stop", "raise", "hang", "delay-messages")
 _FORM = ("kill:rank=R,at=T | stop:rank=R,at=T[,for=T] | raise:rank=R,at=I | hang:rank=R,at=I "
-         "(T: seconds with a unit, 20s or 500ms; I: an iteration), several joined by ';'")
+         "| delay-messages:p=P,ms=M[,rank=R] (T: seconds with a unit, 20s or 500ms; I: an "
+         "iteration), several joined by ';'")
 
 
 @dataclass(frozen=True)
@@ -36,6 +47,10 @@ class Fault:
     at_iteration: int | None = None
     for_s: float | None = None
     """stop: seconds until the worker is resumed; None: never."""
+    p: float = 0.0
+    """delay-messages: the chance that a message is held back."""
+    delay_s: float = 0.0
+    """delay-messages: how long."""
 
     @property
     def external(self) -> bool:
@@ -56,17 +71,41 @@ def _time(text: str, spec: str) -> float:
     raise ConfigError(f"--fault {spec!r}: {text!r} is not a time such as 20s or 500ms")
 
 
+def _params(rest: str, keys: tuple[str, ...], spec: str) -> dict[str, str]:
+    params: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or key not in keys:
+            named = ", ".join(k + "=" for k in keys[:-1]) + f" or {keys[-1]}="
+            raise ConfigError(f"--fault {spec!r}: {item!r} is not {named} (forms: {_FORM})")
+        params[key] = value
+    return params
+
+
+def _delay(rest: str, spec: str) -> Fault:
+    params = _params(rest, ("p", "ms", "rank"), spec)
+    try:
+        p, ms = float(params["p"]), float(params["ms"])
+    except KeyError:
+        raise ConfigError(f"--fault {spec!r}: delay-messages needs p= and ms= "
+                          f"(forms: {_FORM})") from None
+    except ValueError:
+        raise ConfigError(f"--fault {spec!r}: p= and ms= must be numbers") from None
+    if not 0 <= p <= 1 or not 0 <= ms < float("inf"):
+        raise ConfigError(f"--fault {spec!r}: p= must be in [0, 1] and ms= >= 0")
+    rank = params.get("rank", "-1")
+    if rank != "-1" and not rank.isdigit():
+        raise ConfigError(f"--fault {spec!r}: rank={rank!r} is not a rank")
+    return Fault("delay-messages", int(rank), p=p, delay_s=ms / 1000)
+
+
 def _parse_one(part: str, spec: str) -> Fault:
     kind, _, rest = part.partition(":")
     if kind not in KINDS:
         raise ConfigError(f"--fault {spec!r}: unknown fault {kind!r} (forms: {_FORM})")
-    params: dict[str, str] = {}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep or key not in ("rank", "at", "for"):
-            raise ConfigError(f"--fault {spec!r}: {item!r} is not rank=, at= or for= "
-                              f"(forms: {_FORM})")
-        params[key] = value
+    if kind == "delay-messages":
+        return _delay(rest, spec)
+    params = _params(rest, ("rank", "at", "for"), spec)
     if "rank" not in params or "at" not in params:
         raise ConfigError(f"--fault {spec!r}: {kind} needs rank= and at= (forms: {_FORM})")
     if not params["rank"].isdigit():
@@ -119,13 +158,33 @@ class FaultPlan:
                 actions.append(("cont", rank))
         return actions
 
+    def message_delay(self, rank: int, seed: int) -> MessageDelay | None:
+        """The delays of the messages `rank` sends, if a delay-messages fault names them."""
+        for fault in self._pending:
+            if fault.kind == "delay-messages" and fault.rank in (-1, rank):
+                return MessageDelay(fault.p, fault.delay_s, random.Random(f"delay/{seed}/{rank}"))
+        return None
+
     def inside_due(self, rank: int, iteration: int, elapsed: float) -> Fault | None:
         """The raise or hang of `rank` due in `iteration` (or by `elapsed` seconds)."""
         for fault in self._pending:
-            if fault.external or fault.rank != rank:
+            if fault.external or fault.kind == "delay-messages" or fault.rank != rank:
                 continue
             if (fault.at_iteration is not None and iteration >= fault.at_iteration) or (
                     fault.at_s is not None and elapsed >= fault.at_s):
                 self._pending.remove(fault)
                 return fault
         return None
+
+
+@dataclass
+class MessageDelay:
+    """Holds a message back `delay_s` with probability `p` (see the module doc)."""
+
+    p: float
+    delay_s: float
+    rng: random.Random
+
+    def __call__(self) -> None:
+        if self.rng.random() < self.p:
+            time.sleep(self.delay_s)

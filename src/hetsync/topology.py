@@ -138,6 +138,22 @@ class Topology:
         return rank
 
 
+def cut_by_loss(topology: Topology) -> tuple[int, str] | None:
+    """A rank whose loss would split the others (gossip among the rest could no longer mix
+    every model), with what it cuts; None if the graph survives the loss of any one rank."""
+    for rank in range(topology.world):
+        rest = topology.graph.copy()
+        rest.remove_node(rank)
+        if len(rest) < 2:
+            continue
+        try:
+            _check_connected(nx.relabel_nodes(rest, {r: i for i, r in enumerate(sorted(rest))}),
+                             "", topology.directed)
+        except TopologyError as error:
+            return rank, str(error).split(":", 1)[0]
+    return None
+
+
 def passive_ranks(topology: Topology) -> frozenset[int]:
     """Ranks that only answer exchanges (AD-PSGD's passive side); empty unless bipartite."""
     return topology.passive

@@ -242,3 +242,14 @@ def test_a_worker_stopped_for_a_while_holds_the_others_back_and_the_run_goes_on(
     rows = read_jsonl(out / "workers" / "rank0.jsonl")
     gaps = [b["t"] - a["t"] for a, b in zip(rows, rows[1:], strict=False)]
     assert max(gaps) > 1.0  # rank 0 waited for its stopped neighbour, then went on
+
+
+def test_delayed_messages_hold_the_receivers_back(tmp_path):
+    """Every message rank 1 sends is held 150 ms: its neighbours wait for each of them."""
+    out = tmp_path / "run"
+    result = run(RunConfig(protocol="hop", workload="svm", workers=3, max_iterations=8, out=out,
+                           quiet=True, stop_at_target=False,
+                           fault="delay-messages:p=1,ms=150,rank=1"))
+    assert result.summary["iterations"] == [8, 8, 8]
+    waits = [row["sync_wait_s"] for row in read_jsonl(out / "workers" / "rank0.jsonl")]
+    assert sum(waits) > 8 * 0.1

@@ -89,3 +89,18 @@ def test_without_a_target_nothing_is_kept_or_bisected(tmp_path):
     evaluator.poll(throttle=False)
     assert measure.calls == 1
     assert not (tmp_path / "snapshots" / "000000").exists()
+
+
+def test_a_lost_worker_leaves_the_sets_the_consensus_of_the_others(tmp_path):
+    """Rank 1 wrote set 0 only: without `lose`, set 1 would wait for it for good."""
+    _snapshot(tmp_path, 0, 1.0, world=3)
+    for rank in (0, 2):
+        path = snapshot_path(tmp_path, 1, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"iteration": 1, "t": 0.25, "state": {"w": torch.tensor([0.5 + rank])}}, path)
+    evaluator = Evaluator(tmp_path, 3, LossIsW(), per_worker=False)
+    evaluator.lose(1)
+    evaluator.poll(every_set=True, throttle=False)
+    [row] = [r for r in _rows(tmp_path) if r["iterations"] == [1, 1]]
+    assert row["ranks"] == [0, 2]
+    assert row["loss"] == pytest.approx(1.5)  # (0.5 + 2.5) / 2

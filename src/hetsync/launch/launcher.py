@@ -39,6 +39,7 @@ from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
+from hetsync.protocols.catalog import essential_ranks
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
 from hetsync.workloads import get_workload
 
@@ -115,11 +116,23 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
     resume = extra.get("resumed_from")
     procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None)
     output = OutputRelay(procs, run_dir / "logs")
-    monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output)
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
+    clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
+    lost: list[dict[str, Any]] = []
+    extra["lost_workers"] = lost
+
+    def on_lost(rank: int, failure: WorkerFailed) -> None:
+        elapsed = clock.elapsed()
+        lost.append({"rank": rank, "reason": failure.reason,
+                     "at_s": None if elapsed is None else round(elapsed, 3)})
+        if evaluation is not None:
+            evaluation.evaluator.lose(rank)
+
+    essential = essential_ranks(config) if config.on_failure == "continue" else None
+    monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output,
+                      essential=essential, on_lost=on_lost)
     bar = _progress_bar(config)
     faults = FaultPlan(parse_faults(config.fault))
-    clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
     try:
         while not monitor.check():
             _inject(faults, procs, clock)
@@ -138,7 +151,7 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
             bar.close()
     if evaluation is not None:
         evaluation.finish()
-    reasons = [_stop_reason(control, r) for r in range(config.workers)]
+    reasons = [_stop_reason(control, r) for r in range(config.workers) if r not in monitor.lost]
     summary = {**summarize(run_dir, config, next((r for r in reasons if r), None)), **extra}
     write_summary(run_dir, summary)
     return RunResult(run_dir, summary)
@@ -312,11 +325,14 @@ def _update_bar(
     if bar is None:
         return
     progress = monitor.progress()
+    iterations = [it for r, it in enumerate(progress.iterations) if r not in monitor.lost]
     if config.max_time is not None:
         bar.n = min(round(progress.elapsed), bar.total)
     else:
-        bar.n = min(min(progress.iterations), bar.total)
-    postfix = {"iters": f"{min(progress.iterations)}-{max(progress.iterations)}"}
+        bar.n = min(min(iterations), bar.total)
+    postfix = {"iters": f"{min(iterations)}-{max(iterations)}"}
+    if monitor.lost:
+        postfix["lost"] = str(len(monitor.lost))
     if evaluation is not None and evaluation.evaluator.latest_loss is not None:
         postfix["loss"] = f"{evaluation.evaluator.latest_loss:.3f}"
     bar.set_postfix(postfix, refresh=False)

@@ -6,6 +6,13 @@ the run with `WorkerFailed`, naming its rank and showing its traceback (from
 output (`logs/rank{r}.out`) when it failed before `hetsync.init()` installed those hooks.
 When several workers fail together, the one that failed first and for its own reason is
 blamed: peers of a dead worker fail too, with "Connection closed by peer".
+
+Under `--on-failure continue` (`essential` given), a worker that failed for its own reason
+(it died, was stopped, hung while computing) and hosts nothing the run needs is *lost*
+instead: the monitor kills it if it still runs (so that its peers' transfers with it end),
+announces it in the control store (key `lost`, the lost ranks joined by commas), where the
+workers' `LostWorkers` watchers read it, and the run goes on. A deadlock, or a peer failing
+with it (a follow-on error: the protocol did not tolerate the loss), still ends the run.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +31,7 @@ from tqdm import tqdm
 
 from hetsync.errors import WorkerFailed, is_follow_on
 from hetsync.launch.output import OutputRelay
+from hetsync.transport.lost_workers import LOST_KEY
 
 __all__ = ["Monitor", "Progress"]
 
@@ -49,13 +58,47 @@ class Monitor:
     log_dir: Path
     hang_timeout: float
     output: OutputRelay | None = None
+    essential: frozenset[int] | None = None
+    """`--on-failure continue`: the ranks whose loss still ends the run; None: any does."""
+    on_lost: Callable[[int, WorkerFailed], None] | None = None
+    """Told of each worker lost (the launcher's evaluator and summary)."""
+    lost: dict[int, WorkerFailed] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     _beats: dict[int, str] = field(default_factory=dict)
     _changed: dict[int, float] = field(default_factory=dict)
     _warned: set[int] = field(default_factory=set)
 
     def check(self) -> bool:
-        """True once every worker exited cleanly; raise WorkerFailed on a failure or hang."""
+        """True once every worker exited cleanly (a lost one counts as exited); raise
+        WorkerFailed on a failure or hang that the run cannot go on without."""
+        try:
+            return self._check()
+        except WorkerFailed as failure:
+            if self.essential is None or not failure.own or failure.rank in self.essential:
+                raise
+            self._lose(failure)
+            return False
+
+    def _lose(self, failure: WorkerFailed) -> None:
+        """Go on without `failure.rank`: see the module doc."""
+        rank = failure.rank
+        proc = self.procs[rank]
+        if proc.poll() is None:
+            proc.kill()  # stopped or hung: dead, its connections close and its peers go on
+            proc.wait()
+        self.lost[rank] = failure
+        self.store.set(LOST_KEY, ",".join(str(r) for r in sorted(self.lost)))
+        now = time.monotonic()
+        for other in self._changed:  # its peers may have waited for it: a fresh allowance
+            self._changed[other] = now
+        if self.output is not None:
+            self.output.mute(keep=set(range(len(self.procs))) - set(self.lost))
+        tqdm.write(f"hetsync: worker rank {rank} {failure.reason}; going on without it "
+                   f"(--on-failure continue; details in logs/rank{rank}.*)", file=sys.stderr)
+        if self.on_lost is not None:
+            self.on_lost(rank, failure)
+
+    def _check(self) -> bool:
         codes = [self._exit_code(rank) for rank in range(len(self.procs))]
         if any(c not in (None, 0) for c in codes):
             if self.output is not None:
@@ -71,8 +114,11 @@ class Monitor:
         """The worker's exit code, with an abort after its final heartbeat counted as clean.
 
         A few C++ destructors (gloo, TCPStore) can abort the interpreter's exit after the
-        worker has finished and written everything; that is not a failed run.
+        worker has finished and written everything; that is not a failed run. A lost worker
+        counts as exited cleanly: the run goes on without it.
         """
+        if rank in self.lost:
+            return 0
         code = self.procs[rank].poll()
         if code == -signal.SIGABRT:
             self._read_beats()
@@ -129,7 +175,7 @@ class Monitor:
         if stopped:  # a stopped process cannot answer for its stack: the kernel says it
             rank = stopped[0]
             raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) at iteration "
-                               f"{progress.iterations[rank] + 1}; the others waited for it "
+                               f"{progress.iterations[rank] + 1} and made no progress for "
                                f"{self.hang_timeout:g} s")
         if computing:
             rank = computing[0]
@@ -141,9 +187,8 @@ class Monitor:
                 f"{self.hang_timeout:g} s in synchronisation"
             )
         stack = self._dump_stack(rank)
-        raise WorkerFailed(
-            rank, f"{what} (iteration {progress.iterations[rank] + 1})", f"its stack:\n{stack}"
-        )
+        raise WorkerFailed(rank, f"{what} (iteration {progress.iterations[rank] + 1})",
+                           f"its stack:\n{stack}", own=bool(computing))
 
     def _dump_stack(self, rank: int) -> str:
         stack_file = self.log_dir / f"rank{rank}.stack"
@@ -169,7 +214,7 @@ class Monitor:
             secondary = is_follow_on(text)
             when = log.stat().st_mtime if text else 0.0  # killed: no log, surely first
             candidates.append((secondary, when, rank, code, text))
-        _, _, rank, code, text = min(candidates)
+        secondary, _, rank, code, text = min(candidates)
         self._read_beats()
         at = f" at iteration {self.progress().iterations[rank] + 1}" if rank in self._beats else (
             " before it started training")
@@ -179,10 +224,12 @@ class Monitor:
             stack = stack_file.read_text() if stack_file.is_file() else ""
             if stack:
                 return WorkerFailed(rank, f"was killed by signal {name}{at}",
-                                    f"its stack:\n{stack}")
-            return WorkerFailed(rank, f"was killed by signal {name}{at} (no traceback)")
+                                    f"its stack:\n{stack}", own=not secondary)
+            return WorkerFailed(rank, f"was killed by signal {name}{at} (no traceback)",
+                                own=not secondary)
         details = f"its traceback:\n{text}" if text else self._last_output(rank)
-        return WorkerFailed(rank, f"failed with exit code {code}{at}", details)
+        return WorkerFailed(rank, f"failed with exit code {code}{at}", details,
+                            own=not secondary)
 
     def _last_output(self, rank: int) -> str:
         if self.output is not None:

@@ -110,6 +110,8 @@ class Evaluator:
         """`measure` None: rows carry only the consensus distance (a script without an
         evaluation function). `target_loss`: the loss whose first crossing is bisected."""
         self.run_dir, self.world, self.measure = run_dir, world, measure
+        self.ranks = list(range(world))
+        """The workers whose snapshots make a set: all but those lost (`lose`)."""
         self.per_worker = per_worker and measure is not None
         self.keep = keep_snapshots
         self.on_consensus = on_consensus
@@ -121,6 +123,11 @@ class Evaluator:
         """The newest consensus set evaluated (the lower end of a crossing's bracket)."""
         self._crossed = target_loss is None or measure is None
         self._next_due = 0.0
+
+    def lose(self, rank: int) -> None:
+        """Go on without `rank` (`--on-failure continue`): later sets, and any still waiting
+        for its snapshot, are the consensus of the others."""
+        self.ranks = [r for r in self.ranks if r != rank]
 
     @classmethod
     def for_workload(
@@ -173,7 +180,7 @@ class Evaluator:
     def finish(self, every_set: bool = False) -> dict[str, float] | None:
         """Evaluate what is left, then the final models on the whole held-out split."""
         self.poll(every_set, throttle=False)
-        if not all(snapshot_path(self.run_dir, "final", r).is_file() for r in range(self.world)):
+        if not all(snapshot_path(self.run_dir, "final", r).is_file() for r in self.ranks):
             self._out.close()
             return None
         row = self._evaluate_set("final")
@@ -190,13 +197,14 @@ class Evaluator:
         names = sorted(p.name for p in root.iterdir() if p.name.isdigit())
         return [
             n for n in names
-            if all(snapshot_path(self.run_dir, n, r).is_file() for r in range(self.world))
+            if all(snapshot_path(self.run_dir, n, r).is_file() for r in self.ranks)
         ]
 
     def _evaluate_set(self, index: str, extras: bool = True) -> dict[str, Any]:
         """One row for the consensus of set `index`. `extras` False (a bisection's look back):
         no workers' own models, no `on_consensus`, no progress-bar loss."""
-        loaded = [torch.load(snapshot_path(self.run_dir, index, r)) for r in range(self.world)]
+        ranks = self.ranks
+        loaded = [torch.load(snapshot_path(self.run_dir, index, r)) for r in ranks]
         states = [item["state"] for item in loaded]
         iterations = [int(item["iteration"]) for item in loaded]
         t = max(float(item.get("t", 0.0)) for item in loaded)
@@ -204,6 +212,8 @@ class Evaluator:
         name = "final" if index == "final" else "consensus"
         row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations,
                "consensus_distance": consensus_distance(states)}
+        if len(ranks) < self.world:
+            row["ranks"] = ranks
         self._write(row)
         if not extras:
             return row
@@ -213,7 +223,7 @@ class Evaluator:
                 self.on_consensus(t, loss)
         due = self._sets_evaluated % WORKER_EVAL_PERIOD == 0
         if self.per_worker and name == "consensus" and due:
-            for rank, state in enumerate(states):
+            for rank, state in zip(ranks, states, strict=True):
                 w_loss, w_acc = self._measure(state, subset=True)
                 self._write({**row, "model": f"rank{rank}", "loss": w_loss, "accuracy": w_acc})
         self._sets_evaluated += 1

@@ -64,6 +64,8 @@ _COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("network (emulated)", lambda s: setting(s.get("network", "none"))
      + ("" if s.get("payload", "none") == "none" else f", payload {s['payload']}")),
     ("stopped by", lambda s: setting(s.get("stop_reason"))),
+    ("workers lost", lambda s: ", ".join(f"rank {w['rank']} at {seconds(w.get('at_s'))} s"
+                                         for w in s.get("lost_workers") or []) or "-"),
     ("wall time (s)", lambda s: seconds(s.get("wall_time_s"))),
     ("samples/s", lambda s: sig(s.get("samples_per_s"))),
     ("time to target (s)", lambda s: time_to_target(s.get("time_to_target_s"))),

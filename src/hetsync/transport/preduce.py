@@ -44,6 +44,7 @@ import datetime
 import threading
 import zlib
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -81,6 +82,14 @@ class PReducer:
         if len(group) > 1:
             self._sum(flat, group)
             flat.div_(len(group))
+
+    def average_surviving(self, flat: torch.Tensor, group: Group,
+                          confirm: Callable[[int, BaseException], None]) -> Group:
+        """`average`, where members may have been lost: a member whose transfer fails is
+        passed to `confirm` (which raises unless it was lost) and left out. Returns the
+        members averaged. Only ``mesh`` can: in the other kinds a member waits for a third
+        one, which would wait on the lost one."""
+        raise NotImplementedError(f"{type(self).__name__} cannot leave a lost member out")
 
     def close(self) -> None:
         """Free the process groups this P-Reducer holds (nothing for the p2p kinds)."""
@@ -120,6 +129,36 @@ class _Mesh(PReducer):
         flat.copy_(parts[0])
         for part in parts[1:]:
             flat.add_(part)
+
+
+    def average_surviving(self, flat: torch.Tensor, group: Group,
+                          confirm: Callable[[int, BaseException], None]) -> Group:
+        """Averages over the members whose buffer arrived (see the base class): a member
+        lost after sending counts, so two survivors may disagree on it."""
+        parts, tag = flat.new_empty((len(group), flat.numel())), _tag(group)
+        heard = {self.rank: flat}
+        posted: list[tuple[int, torch.Tensor, list[dist.Work]]] = []
+        for peer, part in zip(group, parts, strict=True):
+            if peer == self.rank:
+                continue
+            try:
+                posted.append((peer, part, [dist.irecv(part, peer, tag=tag),
+                                            dist.isend(flat, peer, tag=tag)]))
+            except RuntimeError as error:
+                confirm(peer, error)
+        for peer, part, works in posted:
+            try:
+                works[0].wait()
+                heard[peer] = part
+                works[1].wait()
+            except RuntimeError as error:
+                confirm(peer, error)
+        members = tuple(sorted(heard))
+        total = heard[members[0]].clone()
+        for peer in members[1:]:
+            total.add_(heard[peer])
+        flat.copy_(total.div_(len(members)))
+        return members
 
 
 class _Ring(PReducer):

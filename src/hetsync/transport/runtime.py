@@ -27,6 +27,8 @@ import torch.distributed as dist
 
 from hetsync.config import RunConfig, load_toml
 from hetsync.errors import ConfigError, is_follow_on
+from hetsync.faults import FaultPlan, MessageDelay, parse_faults
+from hetsync.transport.lost_workers import LostWorkers
 
 __all__ = ["Runtime", "current_runtime", "init"]
 
@@ -62,6 +64,10 @@ class Runtime:
     Prague's Group Generator). Buffers sent there are staged through host memory."""
     clock_started: threading.Event = dataclasses.field(default_factory=threading.Event)
     """Set once `t0` is the run's (receiver threads may get a message before that)."""
+    lost: LostWorkers | None = None
+    """Under `--on-failure continue`, the workers lost from the run; None: a loss ends it."""
+    message_delay: MessageDelay | None = None
+    """`--fault delay-messages`: holds some of this worker's messages back."""
 
     @property
     def host(self) -> torch.device:
@@ -79,6 +85,49 @@ class Runtime:
             self.store.set("t0", repr(time.time()))
         self.t0 = float(self.store.get("t0").decode())
         self.clock_started.set()
+
+    def before_send(self) -> None:
+        """Called by protocols right before a message leaves (`--fault delay-messages`)."""
+        if self.message_delay is not None:
+            self.message_delay()
+
+    @property
+    def wait_timeout(self) -> float:
+        """How long a protocol waits for a peer before it fails: `--hang-timeout`; where
+        workers may be lost, long enough for the launcher to declare a stopped peer lost
+        first (it does within --hang-timeout, and the news takes a moment)."""
+        timeout = self.config.hang_timeout
+        return timeout if self.lost is None else 2 * timeout + 5.0
+
+    def leave_together(self) -> None:
+        """Wait until every other worker still in the run has finished too: a rank tearing
+        down its gloo pairs while a peer still uses them made the peer abort at exit now and
+        then. A barrier, or, where workers may be lost, the same over the control store
+        among those not lost."""
+        if self.world_size == 1:
+            return
+        if self.lost is None:
+            dist.barrier()
+            return
+        self.store.set(f"left/{self.rank}", "")
+        deadline = time.monotonic() + PG_TIMEOUT.total_seconds()
+        while True:
+            lost = self.lost.refresh()
+            waiting = [r for r in range(self.world_size)
+                       if r not in lost and not self.store.check([f"left/{r}"])]
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {self.rank} waited {PG_TIMEOUT.total_seconds():g} s "
+                                   f"at the end of the run for ranks {waiting} to finish")
+            time.sleep(0.05)
+
+    def receive_any(self, buffer: torch.Tensor, tag: int,
+                    group: dist.ProcessGroup | None) -> int:
+        """A receive from any source (gloo): through `lost` where workers may be lost."""
+        if self.lost is None:
+            return dist.recv(buffer, src=None, tag=tag, group=group)
+        return self.lost.receive_any(buffer, tag, group)
 
     def log_path(self) -> Path | None:
         return self.run_dir / "logs" / f"rank{self.rank}.log" if self.run_dir else None
@@ -146,10 +195,18 @@ def init(**defaults: object) -> Runtime:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
     host_group = dist.new_group(backend="gloo") if backend == "nccl" and world > 1 else None
+    control = dist.PrefixStore("hetsync", store)
+    lost = (LostWorkers(control, world, config.hang_timeout)
+            if config.on_failure == "continue" else None)
+    if lost is not None and not launched and world > 1:
+        raise ConfigError("--on-failure continue needs hetsync's launcher (hetsync train or "
+                          "launch), which detects lost workers; under torchrun use its own "
+                          "restarts")
     _RUNTIME = Runtime(
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
-        config=config, store=dist.PrefixStore("hetsync", store), t0=time.time(),
-        run_dir=run_dir, launched=launched, host_group=host_group,
+        config=config, store=control, t0=time.time(), run_dir=run_dir, launched=launched,
+        host_group=host_group, lost=lost,
+        message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
     _install_failure_reporting(_RUNTIME)
     atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)

@@ -20,7 +20,9 @@ expose exactly that, so a simulator sees the cycle instead of spinning. When the
 the trainer's own step or deferred request goes first, then the oldest queued request.
 
 Leaving: `Leave` (after the last step, or with an iteration begun and never finished, whose
-request is then completed first) -> `SendBye` to every partner. A passive worker's serving ends
+request is then completed first) -> `SendBye` to every partner. A neighbour lost from the run
+(`PeerLost`) is no longer chosen and, as a client, counts as gone; a request to a partner
+lost before it replied ends without an average (`ReplyLost`). A passive worker's serving ends
 (`ServerDone`) once every client has said goodbye. Decisions are returned to whoever fed the
 event; some are for the other side of the same worker (a `Served` may grant the trainer's
 `Step`, a `StepFinished` the next `Serve`). Each event costs O(1).
@@ -38,7 +40,8 @@ from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtoc
 
 __all__ = [
     "ADPSGDCore", "ADPSGDState", "ByeReceived", "ComputeFinished", "Finish", "Holder",
-    "IterationStarted", "Leave", "LoadAverage", "ReplyReceived", "RequestReceived", "SendBye",
+    "IterationStarted", "Leave", "LoadAverage", "PeerLost", "ReplyLost", "ReplyReceived",
+    "RequestReceived", "SendBye",
     "SendRequest", "Serve", "Served", "ServerDone", "Step", "StepFinished", "roles",
 ]
 
@@ -88,6 +91,22 @@ class StepFinished:
 @dataclass(**_frozen)
 class Leave:
     """The worker leaves the run."""
+
+
+@dataclass(**_frozen)
+class ReplyLost:
+    """The partner `src` was lost before its reply came: no average to load this time."""
+
+    src: int
+
+
+@dataclass(**_frozen)
+class PeerLost:
+    """Neighbour `rank` was lost (`--on-failure continue`): it is no longer chosen as a
+    partner, and as a client it counts as gone (a request it queued is still served: the
+    model came whole; only the reply will find no one)."""
+
+    rank: int
 
 
 # --- events in: the server's -------------------------------------------------------------------
@@ -163,7 +182,7 @@ class ServerDone:
 
 
 Event = (IterationStarted | ComputeFinished | ReplyReceived | StepFinished | Leave
-         | RequestReceived | Served | ByeReceived)
+         | RequestReceived | Served | ByeReceived | ReplyLost | PeerLost)
 Decision = SendRequest | LoadAverage | Step | Finish | Serve | SendBye | ServerDone
 
 
@@ -281,10 +300,25 @@ class ADPSGDCore:
             return self._grant()
         if isinstance(event, ByeReceived):
             self._check_client(event)
-            self._gone.add(event.src)
-            self.remaining_clients -= 1
-            return [] if self.remaining_clients else [ServerDone()]
+            return self._gone_client(event.src)
+        if isinstance(event, ReplyLost):
+            if event.src != self.awaiting_reply_from or self._reply_in:
+                raise self._local(event)
+            self.awaiting_reply_from = None
+            if self.holder is Holder.REQUEST:
+                self.holder = Holder.FREE
+            return self._progress()
+        if isinstance(event, PeerLost):
+            self.partners = tuple(p for p in self.partners if p != event.rank)
+            if event.rank not in self._client_set or event.rank in self._gone:
+                return []
+            return self._gone_client(event.rank)  # a request it queued is still served
         raise LocalProtocolError(f"adpsgd rank {self.rank}: unknown event {event!r}")
+
+    def _gone_client(self, src: int) -> list[Decision]:
+        self._gone.add(src)
+        self.remaining_clients -= 1
+        return [] if self.remaining_clients else [ServerDone()]
 
     def _check_client(self, event: RequestReceived | ByeReceived) -> None:
         src = event.src

@@ -34,6 +34,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,8 @@ from hetsync.protocols.adpsgd.core import (
     IterationStarted,
     Leave,
     LoadAverage,
+    PeerLost,
+    ReplyLost,
     ReplyReceived,
     RequestReceived,
     SendBye,
@@ -98,6 +101,26 @@ class ADPSGD(Protocol):
         if self.core.passive and self.core.clients:
             self._server = threading.Thread(target=self._serve, name="adpsgd-passive", daemon=True)
             self._server.start()
+        if runtime.lost is not None:
+            runtime.lost.subscribe(self._on_lost)
+
+    def _on_lost(self, rank: int) -> None:
+        """The launcher declared `rank` lost (a watcher thread calls this)."""
+        with self.cond:
+            self.core.handle(PeerLost(rank=rank))
+            self.cond.notify_all()  # close() may be waiting for the last client
+
+    def _unless_lost(self, peer: int, transfer: Callable[[], object]) -> bool:
+        """Run `transfer` with `peer`; False if it failed and the launcher declares `peer`
+        lost (the caller goes on without it)."""
+        try:
+            transfer()
+        except RuntimeError as error:
+            if self.runtime.lost is None:
+                raise
+            self.runtime.lost.confirm(peer, error)
+            return False
+        return True
 
     # --- the active side, on the training thread ---------------------------------------------
     def begin_iteration(self, step: Step) -> None:
@@ -122,8 +145,14 @@ class ADPSGD(Protocol):
             return
         message = self._message(_AVERAGE)
         reply = torch.empty_like(message)
-        works = [dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
-                 dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)]
+        works: list[dist.Work] = []
+        self.runtime.before_send()
+        if not self._unless_lost(partner, lambda: works.extend([
+                dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
+                dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)])):
+            with self.cond:
+                self.core.handle(ReplyLost(src=partner))
+            return
         step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
         modelled = 0.0
@@ -164,8 +193,13 @@ class ADPSGD(Protocol):
         core's decisions after the one to load it."""
         assert self._pending is not None
         message, reply, works, *_ = self._pending
-        for work in works:
-            work.wait()
+        partner = self._pending[5]
+        if not self._unless_lost(partner, lambda: [work.wait() for work in works]):
+            self._pending = None
+            with self.cond:
+                decisions = self.core.handle(ReplyLost(src=partner))
+                self.cond.notify_all()
+            return decisions
         with self.cond:  # loaded before the core lets anyone else at the model
             load, *decisions = self.core.handle(ReplyReceived(src=self._pending[5]))
             assert isinstance(load, LoadAverage)
@@ -184,12 +218,15 @@ class ADPSGD(Protocol):
             self.cond.notify_all()
         if self._pending is not None:
             decisions += self._finish_request()
+        bye = self._message(_BYE)
         for decision in decisions:
             if isinstance(decision, SendBye):
                 for partner in decision.to:
-                    dist.send(self._message(_BYE), partner, tag=_REQUEST_TAG, group=self.group)
-        if self._server is not None:
-            self._server.join()
+                    self._unless_lost(partner, partial(dist.send, bye, partner,
+                                                       tag=_REQUEST_TAG, group=self.group))
+        if self._server is not None:  # until every client said goodbye or was lost
+            with self.cond:
+                self._wait(lambda: self.core.remaining_clients == 0)
         self._raise_server_error()
 
     # --- the passive side, on the receiver thread -----------------------------------------------
@@ -199,11 +236,16 @@ class ADPSGD(Protocol):
             nbytes = self.network.scaled((buffer.numel() - 1) * buffer.element_size()) if (
                 self.network is not None) else 0.0
             while True:
-                source = dist.recv(buffer, src=None, tag=_REQUEST_TAG, group=self.group)
+                source = self.runtime.receive_any(buffer, _REQUEST_TAG, self.group)
+                lost = self.runtime.lost
+                if lost is not None and source in lost.ranks:
+                    continue  # came before it was lost, but its client no longer counts
                 if buffer[-1] == _BYE:
                     with self.cond:
-                        if ServerDone() in self.core.handle(ByeReceived(src=source)):
-                            return
+                        done = ServerDone() in self.core.handle(ByeReceived(src=source))
+                        self.cond.notify_all()
+                    if done:
+                        return
                     continue
                 self._started.wait()
                 if self.network is not None:  # the request's bytes come in, one at a time
@@ -221,7 +263,9 @@ class ADPSGD(Protocol):
                 reply = flatten([average], _AVERAGE)
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
-                dist.send(reply, source, tag=_REPLY_TAG, group=self.group)
+                self.runtime.before_send()
+                self._unless_lost(source, partial(dist.send, reply, source, tag=_REPLY_TAG,
+                                                  group=self.group))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             with self.cond:
                 self._server_error = error

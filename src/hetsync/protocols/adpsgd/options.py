@@ -6,12 +6,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from hetsync.errors import ConfigError
-from hetsync.topology import build
+from hetsync.topology import build, cut_by_loss
 
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["Options", "check"]
+__all__ = ["Options", "check", "tolerate_loss"]
 
 
 @dataclass
@@ -39,3 +39,16 @@ def check(config: RunConfig) -> None:
             f"{edge[0]}-{edge[1]} (use an even number of workers with ring or "
             "bipartite-exponential)"
         )
+
+
+def tolerate_loss(config: RunConfig) -> frozenset[int]:
+    """`--on-failure continue`: active workers stop choosing a lost passive one and passive
+    ones stop serving a lost active one, so any rank may go where the graph stays connected."""
+    if config.adpsgd_mode == "naive":
+        raise ConfigError("--on-failure continue: --adpsgd-mode naive is for showing its "
+                          "deadlock; use the bipartite mode")
+    cut = cut_by_loss(build(config.topology, config.workers, config.weights))
+    if cut is not None:
+        raise ConfigError(f"--on-failure continue: --topology {config.topology} with "
+                          f"{config.workers} workers would be {cut[1]} without rank {cut[0]}")
+    return frozenset()

@@ -57,6 +57,7 @@ class AllReduce(Protocol):
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
+            self.runtime.before_send()
             dist.all_reduce(flat)
         if self.network is not None:
             nbytes = self.network.scaled(flat.numel() * flat.element_size())

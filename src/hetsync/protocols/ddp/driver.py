@@ -83,6 +83,7 @@ class DDP(Protocol):
         if step.on_phase is not None:
             step.on_phase("sync")
         began = time.perf_counter()
+        self.runtime.before_send()
         future = dist.all_reduce(flat, async_op=True).get_future()
 
         def finish(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:

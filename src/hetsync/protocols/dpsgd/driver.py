@@ -76,6 +76,7 @@ class DPSGD(Protocol):
         received = {j: torch.empty_like(send) for j in exchange.receive_from}
         ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in exchange.send_to]
         ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
+        self.runtime.before_send()
         works = dist.batch_isend_irecv(ops) if ops else []
         step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
         self._exchange = (send, received, works, exchange)

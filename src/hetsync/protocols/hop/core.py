@@ -22,7 +22,8 @@ Which updates iteration k uses, per in-neighbour j (`staleness` s):
 - an update older than k - s is stale: it is dropped when it arrives or falls out of the window.
 The iteration completes once |in(i)| - `backup` in-neighbours are resolved (all of them with
 backup 0); it averages what it has, with the topology's weights renormalised over the models
-used. A neighbour that left the run is waited for only up to the last update it sent. Its end
+used. A neighbour that left the run is waited for only up to the last update it sent (one
+that was lost, not at all: `NeighbourLost`). Its end
 marker comes on each of its channels, and the one on its token channel can overtake updates
 still in flight on the other; so where it also takes this worker's tokens, those (all in by
 its end marker) show the iterations it completed, hence its last tag, and that update is
@@ -68,6 +69,7 @@ __all__ = [
     "HopConfig",
     "HopCore",
     "NeighbourLeft",
+    "NeighbourLost",
     "ReadyToStart",
     "ReturnTokens",
     "SendUpdate",
@@ -144,7 +146,16 @@ class NeighbourLeft:
     rank: int
 
 
-Event = ReadyToStart | ComputeFinished | UpdateReceived | TokensReceived | NeighbourLeft
+@dataclass(**_frozen)
+class NeighbourLost:
+    """`rank` was lost (`--on-failure continue`): unlike a neighbour that left, it may not
+    have sent the update its tokens promise, so nothing more is awaited from it."""
+
+    rank: int
+
+
+Event = (ReadyToStart | ComputeFinished | UpdateReceived | TokensReceived | NeighbourLeft
+         | NeighbourLost)
 
 
 # --- decisions out -----------------------------------------------------------------------------
@@ -275,11 +286,13 @@ class HopCore:
             self._receive_update(event)
         elif isinstance(event, TokensReceived):
             self._receive_tokens(event)
-        elif isinstance(event, NeighbourLeft):
+        elif isinstance(event, (NeighbourLeft, NeighbourLost)):
             if event.rank not in self.in_peers and event.rank not in self.out_peers:
                 raise RemoteProtocolError(f"rank {self.rank}: {event} from a non-neighbour")
             if event.rank not in self.left:
                 self._leaving(event.rank)
+            if isinstance(event, NeighbourLost):
+                self.last_tag.pop(event.rank, None)
         else:
             raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
         if self.state is State.STARTING:

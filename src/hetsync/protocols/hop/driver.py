@@ -18,8 +18,13 @@ exactly D-PSGD's iterates.
 
 Stopping. Workers stop independently (no agreement is needed: nobody waits for a worker that
 left). A stopping worker sends an end marker on each of its channels, after its last update
-or token; its neighbours turn that into `NeighbourLeft`. It then waits for its own receiver
-threads, which end once every neighbour has ended its channels too.
+or token; its neighbours turn that into `NeighbourLeft`. It then waits until every neighbour
+has ended its channels too.
+
+Lost neighbours (`--on-failure continue`, hetsync.transport.lost_workers). A neighbour the
+launcher declares lost becomes `NeighbourLost`: nothing more is awaited from it, and nothing
+is sent to it. A send to it that fails before the launcher has said so waits for its word;
+its channels count as ended.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -45,6 +51,7 @@ from hetsync.protocols.hop.core import (
     Event,
     HopCore,
     NeighbourLeft,
+    NeighbourLost,
     ReadyToStart,
     ReturnTokens,
     SendUpdate,
@@ -78,23 +85,29 @@ class Hop(Protocol):
         self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, config.hop_config())
         self.tensors = model_tensors(model)
         self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
-        self.timeout = config.hang_timeout
+        self.timeout = runtime.wait_timeout
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._sends: list[tuple[dist.Work, torch.Tensor, int]] = []
         self._running = False
         self._stopped = False
         self._trailer = 1 if self.network is None else 2  # [stamp,] tag or end marker
         size = sum(t.numel() for t in self.tensors) + self._trailer
         self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
-        self._threads = [
-            threading.Thread(target=self._receive, args=(_UPDATE_TAG, len(in_peers), size),
+        self._channels = threading.Condition()
+        """Guards `_open` (the neighbours whose channels have not ended, by tag) and `_lost`."""
+        self._open = {_UPDATE_TAG: set(in_peers), _TOKEN_TAG: set(out_peers)}
+        self._lost: set[int] = set()
+        threads = [
+            threading.Thread(target=self._receive, args=(_UPDATE_TAG, size),
                              name="hop-updates", daemon=True),
-            threading.Thread(target=self._receive, args=(_TOKEN_TAG, len(out_peers), 1),
+            threading.Thread(target=self._receive, args=(_TOKEN_TAG, 1),
                              name="hop-tokens", daemon=True),
         ]
-        for thread in self._threads:
+        for thread in threads:
             thread.start()
+        if runtime.lost is not None:
+            runtime.lost.subscribe(self._on_lost)
 
     # --- the training thread ----------------------------------------------------------------
     def begin_iteration(self, step: Step) -> None:
@@ -180,17 +193,38 @@ class Hop(Protocol):
         if tag == _UPDATE_TAG:
             with step.blocking():
                 self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
+        self.runtime.before_send()
         for j in to:
-            self._sends.append((dist.isend(message, j, tag=tag, group=self.group), message))
+            if j not in self._lost:
+                self._sends.append((dist.isend(message, j, tag=tag, group=self.group), message,
+                                    j))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
     def _scalar(self, value: float) -> torch.Tensor:
         return torch.tensor([value], dtype=self.tensors[0].dtype)
 
     def _wait_sends(self) -> None:
-        for work, _ in self._sends:
-            work.wait()
+        for work, _, to in self._sends:
+            self._unless_lost(to, work.wait)
         self._sends.clear()
+
+    def _unless_lost(self, peer: int, transfer: Callable[[], object]) -> None:
+        """Run `transfer` with `peer`; if it fails and the launcher declares `peer` lost, go
+        on (its `NeighbourLost` comes through the inbox)."""
+        try:
+            transfer()
+        except RuntimeError as error:
+            if self.runtime.lost is None:
+                raise
+            self.runtime.lost.confirm(peer, error)
+
+    def _on_lost(self, rank: int) -> None:
+        """The launcher declared `rank` lost (a watcher thread calls this)."""
+        with self._channels:
+            self._lost.add(rank)
+            self._channels.notify_all()
+        if rank in self.core.in_peers or rank in self.core.out_peers:
+            self.inbox.put((NeighbourLost(rank=rank), None))
 
     def _average(
         self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
@@ -208,17 +242,28 @@ class Hop(Protocol):
                 f"{wait.iteration} for {' and '.join(awaited)}")
 
     # --- the receiver threads ----------------------------------------------------------------
-    def _receive(self, tag: int, senders: int, size: int) -> None:
-        """Turn messages into events until every sender has sent its end marker."""
+    def _ended(self) -> bool:
+        """Whether every neighbour has ended its channels or was lost (`_channels` held)."""
+        return not any(senders - self._lost for senders in self._open.values())
+
+    def _receive(self, tag: int, size: int) -> None:
+        """Turn messages into events until every sender has sent its end marker (one that
+        was lost never does: the thread is then left waiting, as a daemon)."""
+        senders = self._open[tag]
         try:
-            while senders:
+            while True:
+                with self._channels:
+                    if not senders - self._lost:
+                        return
                 buffer = torch.empty(size, dtype=self.tensors[0].dtype)
-                src = dist.recv(buffer, src=None, tag=tag, group=self.group)
+                src = self.runtime.receive_any(buffer, tag, self.group)
                 header = float(buffer[-1])
                 if self.network is not None and header != _END:
                     self._charge_network(src, tag, buffer)
                 if header == _END:
-                    senders -= 1
+                    with self._channels:
+                        senders.discard(src)
+                        self._channels.notify_all()
                     self.inbox.put((NeighbourLeft(rank=src), None))
                 elif tag == _UPDATE_TAG:
                     self.inbox.put((UpdateReceived(src=src, tag=int(header)), buffer))
@@ -250,11 +295,14 @@ class Hop(Protocol):
         """End this worker's channels, then wait until every neighbour has ended its own."""
         self._wait_sends()
         end = flatten(self.tensors, *self._stamp(), _END, device=self.host)
-        for j in self.core.out_peers:
-            dist.send(end, j, tag=_UPDATE_TAG, group=self.group)
-        for j in self.core.in_peers:
-            dist.send(self._scalar(_END), j, tag=_TOKEN_TAG, group=self.group)
-        for thread in self._threads:
-            thread.join()
+        token_end = self._scalar(_END)
+        for peers, message, tag in ((self.core.out_peers, end, _UPDATE_TAG),
+                                    (self.core.in_peers, token_end, _TOKEN_TAG)):
+            for j in peers:
+                if j not in self._lost:
+                    self._unless_lost(j, partial(dist.send, message, j, tag=tag,
+                                                 group=self.group))
+        with self._channels:  # as long as they train: the launcher watches them
+            self._channels.wait_for(self._ended)
         while not self.inbox.empty():
             self._unpack(self.inbox.get_nowait())  # raises what a receiver thread hit

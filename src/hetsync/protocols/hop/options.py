@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, ClassVar
 
 from hetsync.errors import ConfigError
 from hetsync.protocols.hop.core import MODES, HopConfig
-from hetsync.topology import build
+from hetsync.topology import build, cut_by_loss
 
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["Options", "check"]
+__all__ = ["Options", "check", "tolerate_loss"]
 
 _HOP = HopConfig()  # the defaults, defined once in the core
 
@@ -73,3 +73,13 @@ def check(config: RunConfig) -> None:
     if config.skip and not (config.backup or config.staleness or topology.directed):
         warnings.warn("--skip has no effect here: on an undirected graph with no --backup "
                       "or --staleness no worker can fall behind its neighbours", stacklevel=3)
+
+
+def tolerate_loss(config: RunConfig) -> frozenset[int]:
+    """`--on-failure continue`: a lost worker leaves its neighbours' queues (they stop waiting
+    for its updates and tokens), so any rank may go, as long as the graph stays connected."""
+    cut = cut_by_loss(build(config.topology, config.workers, config.weights))
+    if cut is not None:
+        raise ConfigError(f"--on-failure continue: --topology {config.topology} with "
+                          f"{config.workers} workers would be {cut[1]} without rank {cut[0]}")
+    return frozenset()

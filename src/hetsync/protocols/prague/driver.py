@@ -36,6 +36,11 @@ the training thread's wait for the previous request's group, and `preduce_s` is 
 communication thread's (not on the training thread's path).
 
 Every wait is bounded by `--hang-timeout`, and its error names what was awaited.
+
+Lost workers (`--on-failure continue`, hetsync.transport.lost_workers): the GG hears of each
+from a watcher and puts it in no later group (`WorkerLost`); a group it was already in runs
+without it, its P-Reduce averaging over the members whose buffers arrived (only ``mesh`` can
+do that, so it is the P-Reduce used). Rank 0 hosts the GG: its loss ends the run.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from hetsync.protocols.prague.group_generator import (
     GroupGeneratorCore,
     GroupRequested,
     WaitTimedOut,
+    WorkerLost,
 )
 from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
@@ -82,7 +88,7 @@ from hetsync.transport.preduce import make_preducer
 from hetsync.transport.runtime import Runtime
 
 _TO_GG, _FROM_GG = 51, 52
-_REQUEST, _FINISHED, _BYE = 1.0, 2.0, 3.0
+_REQUEST, _FINISHED, _BYE, _LOST = 1.0, 2.0, 3.0, 4.0
 _STOP_KEY = "prague/stop_at"
 _Inbox = tuple[GroupAssigned, float, float] | RunPReduce | BaseException | None
 """An assignment (with when it arrived and how long the GG held its request), a P-Reduce for
@@ -103,10 +109,11 @@ class Prague(Protocol):
     ) -> None:
         super().__init__(runtime, model, optimizer)
         config, rank = runtime.config, runtime.rank
-        self.rank, self.timeout = rank, config.hang_timeout
+        self.rank, self.timeout = rank, runtime.wait_timeout
         self.tensors = model_tensors(model)
         self._host_group = runtime.host_group  # the GG's messages: any source, so gloo
-        self.preducer = make_preducer(config.preduce, rank, runtime.world_size,
+        kind = config.preduce if runtime.lost is None else "mesh"  # see the module doc
+        self.preducer = make_preducer(kind, rank, runtime.world_size,
                                       store=runtime.store, network=self.network)
         self.static = config.schedule == "static"
         self.period = static_schedule(runtime.world_size, config.workers_per_node)
@@ -126,8 +133,9 @@ class Prague(Protocol):
         if not self.static:
             if rank == 0:
                 self._gg = _GroupGeneratorService(group_generator(config), self._deliver,
-                                                  config.ready_wait / 1000.0, self._host_group)
-                self._threads += self._gg.threads
+                                                  config.ready_wait / 1000.0, self._host_group,
+                                                  runtime)
+                self._threads.append(self._gg.thread)
             elif runtime.world_size > 1:
                 self._threads.append(threading.Thread(target=self._receive, daemon=True,
                                                       name="prague-assignments"))
@@ -263,23 +271,24 @@ class Prague(Protocol):
         comm = self._comm
         assert comm is not None
         began = time.perf_counter()
-        if len(group.members) > 1:
-            self.preducer.average(comm, group.members)
+        members = group.members
+        if len(members) > 1:
+            members = self._average(comm, members)
             if self.network is not None:
                 nbytes = self.network.scaled(comm.numel() * comm.element_size())
-                self.network.after_blocking(None, self.preducer.messages(group.members, nbytes),
-                                            f"preduce{len(group.members)}",
-                                            time.perf_counter() - began)
+                self.network.after_blocking(None, self.preducer.messages(members, nbytes),
+                                            f"preduce{len(members)}", time.perf_counter() - began)
         with self._lock:
             self._ran.append([group.id, *group.members])
             self._comm_preduce_s += time.perf_counter() - began
-            self._sent_bytes += comm.numel() * comm.element_size() * (len(group.members) - 1)
+            self._sent_bytes += comm.numel() * comm.element_size() * (len(members) - 1)
             self._to_gg(_FINISHED, group.id, 0.0)
             resume = self._execute(self.core.handle(PReduceFinished(group_id=group.id)))
         if resume is not None:
             self._resume.put(resume)
 
     def _to_gg(self, kind: float, value: int, flag: float) -> None:
+        self.runtime.before_send()
         if self._gg is not None:
             self._gg.put(self.rank, kind, value, flag)
         else:
@@ -338,7 +347,7 @@ class Prague(Protocol):
         flat = flatten(self.tensors)
         with step.blocking():
             began = time.perf_counter()
-            self.preducer.average(flat, members)
+            members = self._average(flat, members)
             _add_time(step, "preduce_s", began)
         if self.network is not None:
             nbytes = self.network.scaled(flat.numel() * flat.element_size())
@@ -347,6 +356,14 @@ class Prague(Protocol):
         with torch.no_grad():
             unflatten_into(flat, self.tensors)
         step.bytes_sent += flat.numel() * flat.element_size() * (len(members) - 1)
+
+    def _average(self, flat: torch.Tensor, members: tuple[int, ...]) -> tuple[int, ...]:
+        """P-Reduce `flat` over `members`; the members it averaged over (lost ones left out)."""
+        self.runtime.before_send()
+        if self.runtime.lost is None:
+            self.preducer.average(flat, members)
+            return members
+        return self.preducer.average_surviving(flat, members, self.runtime.lost.confirm)
 
     def close(self) -> None:
         """Say goodbye to the GG; rank 0 waits until every worker has said it."""
@@ -370,21 +387,23 @@ class _GroupGeneratorService:
 
     def __init__(
         self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup, float], None],
-        ready_wait: float,
-        host_group: dist.ProcessGroup | None,
+        ready_wait: float, host_group: dist.ProcessGroup | None, runtime: Runtime,
     ) -> None:
         self.core = core
         self._host_group = host_group
+        self.runtime = runtime
         self.world = core.world
         self.deliver = deliver
         self._requested_at: dict[int, float] = {}
         self.inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
         self.error: BaseException | None = None
         self.ready_wait = ready_wait
-        self.threads = [threading.Thread(target=self._serve, name="prague-gg", daemon=True)]
+        self.thread = threading.Thread(target=self._serve, name="prague-gg", daemon=True)
+        """The generator; its receiver, which may wait on a lost worker for good, is left."""
         if self.world > 1:
-            self.threads.append(threading.Thread(target=self._receive, name="prague-gg-recv",
-                                                 daemon=True))
+            threading.Thread(target=self._receive, name="prague-gg-recv", daemon=True).start()
+        if runtime.lost is not None:
+            runtime.lost.subscribe(lambda rank: self.put(rank, _LOST, 0, 0.0))
 
     def put(self, rank: int, kind: float, value: int, flag: float) -> None:
         self.inbox.put((rank, kind, value, flag))
@@ -394,7 +413,7 @@ class _GroupGeneratorService:
             remaining = self.world - 1
             while remaining:
                 message = torch.empty(3)
-                src = dist.recv(message, src=None, tag=_TO_GG, group=self._host_group)
+                src = self.runtime.receive_any(message, _TO_GG, self._host_group)
                 kind, value, flag = float(message[0]), int(message[1]), float(message[2])
                 remaining -= kind == _BYE
                 self.put(src, kind, value, flag)
@@ -404,16 +423,24 @@ class _GroupGeneratorService:
 
     def _serve(self) -> None:
         try:
-            byes = 0
-            while byes < self.world and self.error is None:
+            gone: set[int] = set()  # said goodbye or were lost
+            lost: set[int] = set()
+            while len(gone) < self.world and self.error is None:
                 wait = self.ready_wait if self.core.waiting else None
                 try:
                     rank, kind, value, flag = self.inbox.get(timeout=wait)
                 except queue.Empty:
                     self._send_all(self.core.handle(WaitTimedOut()))
                     continue
-                if kind == _BYE:
-                    byes += 1
+                if rank in lost:
+                    continue  # sent before it was lost: it no longer counts
+                if kind == _LOST:
+                    lost.add(rank)
+                    if rank not in gone:
+                        gone.add(rank)
+                        self._send_all(self.core.handle(WorkerLost(rank=rank)))
+                elif kind == _BYE:
+                    gone.add(rank)
                     self._end(rank)
                 elif kind == _REQUEST:
                     event = GroupRequested(rank=rank, iteration=value, last=bool(flag))
@@ -427,7 +454,8 @@ class _GroupGeneratorService:
     def _send_all(self, assignments: list[AssignGroup]) -> None:
         now = time.perf_counter()
         for assign in assignments:
-            held = now - self._requested_at.pop(assign.rank) if assign.answers_request else 0.0
+            asked = self._requested_at.pop(assign.rank, now) if assign.answers_request else now
+            held = now - asked
             if assign.rank == 0:
                 self.deliver(assign, held)
             else:
@@ -447,7 +475,13 @@ class _GroupGeneratorService:
             message[:4] = torch.tensor([group.id, float(answers_request), held,
                                         len(group.members)])
             message[4 : 4 + len(group.members)] = torch.tensor(group.members)
-        dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
+        self.runtime.before_send()
+        try:
+            dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
+        except RuntimeError as error:
+            if self.runtime.lost is None:
+                raise
+            self.runtime.lost.confirm(rank, error)  # lost: its assignment finds no one
 
     def raise_error(self) -> None:
         if self.error is not None:

@@ -51,8 +51,10 @@ with `queue` (0.25: a division has fewer idle workers to choose from); the paper
 may differ, and a division by speed did no better in our trials.
 
 Leaving: a worker's `last` request is answered normally; afterwards no group contains it
-(required group sizes shrink to the workers still in). `handle` is the only entry point;
-randomness comes only from the injected `rng`, so runs replay exactly.
+(required group sizes shrink to the workers still in). A worker lost from the run
+(`WorkerLost`) leaves at once, its request unanswered and its groups finished for it.
+`handle` is the only entry point; randomness comes only from the injected `rng`, so runs
+replay exactly.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from hetsync.protocols.prague.static_schedule import split_evenly
 
 __all__ = [
     "BUFFERS", "POLICIES", "AssignGroup", "GeneratorState", "Group", "GroupFinished",
-    "GroupGeneratorCore", "GroupRequested", "GroupStats", "WaitTimedOut",
+    "GroupGeneratorCore", "GroupRequested", "GroupStats", "WaitTimedOut", "WorkerLost",
 ]
 
 POLICIES = ("random", "ready")
@@ -106,6 +108,15 @@ class GroupFinished:
     """`rank` completed its P-Reduce of group `group_id`."""
 
     group_id: int
+    rank: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerLost:
+    """`rank` was lost from the run (`--on-failure continue`): it is in no later group, and
+    the groups it had not finished count as finished by it (their other members leave it
+    out of their P-Reduce)."""
+
     rank: int
 
 
@@ -224,6 +235,8 @@ class GroupGeneratorCore:
                 return self._on_finished(event)
             if isinstance(event, WaitTimedOut):
                 return self._on_timeout()
+            if isinstance(event, WorkerLost):
+                return self._on_lost(event)
             raise LocalProtocolError(f"group generator: unknown event {event!r}")
         except ProtocolError:
             self._state = GeneratorState.ERROR
@@ -283,6 +296,21 @@ class GroupGeneratorCore:
         if not left:
             del self._left_to_finish[group_id]
         return []
+
+    def _on_lost(self, event: WorkerLost) -> list[AssignGroup]:
+        rank = event.rank
+        if not 0 <= rank < self.world:
+            raise RemoteProtocolError(f"group generator: {event}: no rank {rank} in a world "
+                                      f"of {self.world}")
+        self._leave(rank)
+        self._waiting.pop(rank, None)
+        for group in self._unfinished[rank]:
+            left = self._left_to_finish[group.id]
+            left.discard(rank)
+            if not left:
+                del self._left_to_finish[group.id]
+        self._unfinished[rank].clear()
+        return self._form_ready_groups() if self.policy == "ready" else []
 
     def _on_timeout(self) -> list[AssignGroup]:
         waiting = list(self._waiting)

@@ -15,7 +15,7 @@ from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["Options", "check", "group_generator"]
+__all__ = ["Options", "check", "group_generator", "tolerate_loss"]
 
 
 @dataclass
@@ -98,3 +98,13 @@ def check(config: RunConfig) -> None:
         group_generator(config)
     except ValueError as error:
         raise ConfigError(f"prague: {error}") from None
+
+
+def tolerate_loss(config: RunConfig) -> frozenset[int]:
+    """`--on-failure continue`: the Group Generator stops putting a lost worker in groups, and
+    a group it was in finishes without it; rank 0, which hosts the Group Generator, cannot be
+    lost. A static schedule has every worker in fixed groups: it cannot go on."""
+    if config.schedule == "static":
+        raise ConfigError("--on-failure continue: --schedule static has every worker in fixed "
+                          "groups; use the Group Generator (--schedule random)")
+    return frozenset({0})

@@ -55,8 +55,10 @@ server's buffers, which the worker loads. In sync mode the running statistics th
 of the round's batches, as one running statistic over the round would.
 
 Shutdown: in `close()` every remote worker sends BYE; the thread exits after one BYE per
-remote rank, and rank 0's `close()` joins it, so no p2p is in flight at SyncOptimizer's final
-barrier. A worker that leaves is no longer waited for by sync rounds. No worker waits at
+remote rank, and rank 0's `close()` waits for that, so no p2p is in flight at SyncOptimizer's
+final barrier. A worker lost from the run (`--on-failure continue`) counts as having said BYE
+(a reply to it that fails is dropped once the launcher confirms the loss). A worker that
+leaves is no longer waited for by sync rounds. No worker waits at
 shutdown with backups either: a late push after the stop round is answered at once, with
 stop.
 
@@ -69,6 +71,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -95,6 +98,7 @@ from hetsync.protocols.ps.core import (
     ServerDecision,
 )
 from hetsync.transport.flat import unflatten_into
+from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.runtime import Runtime
 
 PUSH_TAG, PULL_TAG = 21, 22
@@ -130,8 +134,11 @@ class _Server:
 
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
                  sync: bool, world: int, group: dist.ProcessGroup | None = None,
-                 backup: int = 0, network: NetworkEmulator | None = None) -> None:
-        self.source, self.group, self.network = optimizer, group, network
+                 backup: int = 0, network: NetworkEmulator | None = None,
+                 lost: LostWorkers | None = None,
+                 before_send: Callable[[], None] | None = None) -> None:
+        self.source, self.group, self.network, self.lost = optimizer, group, network, lost
+        self.before_send = before_send
         groups = _trainable(optimizer)
         self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
                        for p in group]
@@ -155,10 +162,13 @@ class _Server:
         self.local_reply: torch.Tensor | None = None
         self.bytes_sent = 0
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._serve, args=(world - 1,),
-                                       name="hetsync-ps", daemon=True)
+        self.remote = set(range(1, world))
+        """Remote workers that have neither said goodbye nor been lost."""
+        self.thread = threading.Thread(target=self._serve, name="hetsync-ps", daemon=True)
         if world > 1:
             self.thread.start()
+        if lost is not None:
+            lost.subscribe(self._on_lost)
 
     def state_dict(self) -> dict[str, Any]:
         """The server's model, buffers and optimizer state (its version and rounds start
@@ -194,26 +204,42 @@ class _Server:
         return sent
 
     def close(self) -> None:
-        """Rank 0 leaves; wait for every remote worker's BYE."""
+        """Rank 0 leaves; wait for every remote worker's BYE (or its loss)."""
         with self.cond:
             sends = self._leave(0)
         self._send(sends)
-        if self.thread.is_alive():
-            self.thread.join()
         with self.cond:
+            self.cond.wait_for(lambda: not self.remote or self.error is not None)
             self._check()
 
-    def _serve(self, remote: int) -> None:
+    def _on_lost(self, rank: int) -> None:
+        """The launcher declared `rank` lost: rounds stop waiting for it, as for a BYE."""
+        with self.cond:
+            if rank not in self.remote:
+                return
+            self.remote.discard(rank)
+            sends = self._leave(rank)
+            self.cond.notify_all()
+        self._send(sends)
+
+    def _serve(self) -> None:
         buf = torch.empty(_HEADER + self.size + self.buffers.numel(), dtype=self.dtype)
         try:
-            while remote > 0:
-                src = dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
+            while True:
+                with self.cond:
+                    if not self.remote:
+                        return
+                src = (dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
+                       if self.lost is None else self.lost.receive_any(buf, PUSH_TAG, self.group))
                 if self.network is not None and buf[0] != _BYE:  # pushes queue at rank 0's NIC
                     self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
                 with self.cond:
+                    if src not in self.remote:
+                        continue  # sent before its sender was lost: it no longer counts
                     if buf[0] == _BYE:
-                        remote -= 1
+                        self.remote.discard(src)
                         sends = self._leave(src)
+                        self.cond.notify_all()
                     else:
                         sends = self._accept(buf, src)
                 self._send(sends)
@@ -288,7 +314,14 @@ class _Server:
             for rank, reply in sends:
                 if self.network is not None:  # replies leave rank 0's NIC one after another
                     self.network.occupy(point_to_point(0, rank, self._model_bytes(reply)))
-                dist.send(reply, rank, tag=PULL_TAG, group=self.group)
+                if self.before_send is not None:
+                    self.before_send()
+                try:
+                    dist.send(reply, rank, tag=PULL_TAG, group=self.group)
+                except RuntimeError as error:
+                    if self.lost is None:
+                        raise
+                    self.lost.confirm(rank, error)  # lost: its reply finds no one
         if sends:
             with self.cond:
                 self.bytes_sent += sum(r.numel() * r.element_size() for _, r in sends)
@@ -314,7 +347,8 @@ class ParameterServer(Protocol):
         self.reply = torch.empty(size, dtype=self.dtype)
         self.server = (
             _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
-                    backup=self.backup, network=self.network)
+                    backup=self.backup, network=self.network, lost=runtime.lost,
+                    before_send=runtime.before_send)
             if runtime.rank == 0 else None
         )
 
@@ -328,6 +362,7 @@ class ParameterServer(Protocol):
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
         msg = _flat([header, *grads, delta], self.dtype)
         with step.blocking():
+            self.runtime.before_send()
             if self.server is not None:
                 reply = self.server.push(msg)
             else:

@@ -11,7 +11,7 @@ from hetsync.protocols.ps.core import MODES
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["Options", "check"]
+__all__ = ["Options", "check", "tolerate_loss"]
 
 
 @dataclass
@@ -39,3 +39,9 @@ def check(config: RunConfig) -> None:
     if config.ps_backup >= config.workers:
         raise ConfigError(f"--ps-backup must be < --workers {config.workers} (got "
                           f"{config.ps_backup}): a round needs at least one gradient")
+
+
+def tolerate_loss(config: RunConfig) -> frozenset[int]:
+    """`--on-failure continue`: the server stops waiting for a lost worker (a synchronous
+    round closes without it); rank 0, which hosts the server, cannot be lost."""
+    return frozenset({0})

@@ -1,0 +1,102 @@
+"""A worker's view of the workers lost from its run (`--on-failure continue`).
+
+The launcher is the failure detector: it sees exits and missing heartbeats, kills a stopped
+or hung worker so that transfers with it end, and publishes the lost ranks in the control
+store (hetsync.launch.monitor). A worker's protocol learns of them here, two ways:
+
+- `subscribe(callback)`: a thread polls the store and calls back once per newly lost rank
+  (a Hop worker stops waiting for its updates, the Group Generator stops grouping it, ...);
+- `confirm(rank)`: a transfer with `rank` failed; wait until the launcher says whether it
+  is lost (then the protocol goes on without it) or not (then the error is real);
+- `receive_any(...)`: a receive from any source, which a peer dying in the middle of its
+  message fails ("Connection reset by peer") while the other peers' messages still come.
+
+A peer's process can die before the launcher notices (its connections close at once), so a
+failed transfer always asks; a peer that stops answering is only known from the launcher.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from hetsync.errors import is_follow_on
+
+__all__ = ["LOST_KEY", "LostWorkers"]
+
+LOST_KEY = "lost"
+POLL_S = 0.1
+
+
+class LostWorkers:
+    """The ranks the launcher has declared lost, polled from the control store."""
+
+    def __init__(self, store: dist.Store, world_size: int, confirm_timeout: float) -> None:
+        self._store = store
+        self.world_size = world_size
+        self.confirm_timeout = confirm_timeout
+        """How long a failed transfer waits for the launcher's word: its detection time."""
+        self.ranks: frozenset[int] = frozenset()
+        self._subscribers: list[Callable[[int], None]] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> frozenset[int]:
+        """Read the store now; tell subscribers of the ranks new since the last read."""
+        with self._lock:
+            value = self._store.get(LOST_KEY).decode() if self._store.check([LOST_KEY]) else ""
+            now = frozenset(int(r) for r in value.split(",") if r)
+            new, self.ranks = sorted(now - self.ranks), now | self.ranks
+            subscribers = list(self._subscribers)
+        for rank in new:
+            for callback in subscribers:
+                callback(rank)
+        return self.ranks
+
+    def subscribe(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(rank)` (from a watcher thread) for each rank lost from now on."""
+        with self._lock:
+            self._subscribers.append(callback)
+            start = self._thread is None
+            if start:
+                self._thread = threading.Thread(target=self._watch, name="hetsync-lost",
+                                                daemon=True)
+        if start:
+            assert self._thread is not None
+            self._thread.start()
+
+    def confirm(self, rank: int, error: BaseException) -> None:
+        """A transfer with `rank` failed with `error`: return once the launcher has declared
+        `rank` lost (the caller goes on without it); raise `error` if it does not within
+        `confirm_timeout`."""
+        deadline = time.monotonic() + self.confirm_timeout
+        while rank not in self.refresh():
+            if time.monotonic() > deadline:
+                raise error
+            time.sleep(POLL_S)
+
+    def receive_any(self, buffer: torch.Tensor, tag: int,
+                    group: dist.ProcessGroup | None) -> int:
+        """`dist.recv(buffer, src=None, ...)`, tried again after each peer's death that fails
+        it (at most one per peer); returns the source."""
+        failures = 0
+        while True:
+            try:
+                return dist.recv(buffer, src=None, tag=tag, group=group)
+            except RuntimeError as error:
+                failures += 1
+                if not is_follow_on(str(error)) or failures >= self.world_size:
+                    raise
+                time.sleep(POLL_S)
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(POLL_S)
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - the store is gone: the run is ending
+                return

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch.distributed as dist
+
+from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
+
+
+def test_subscribers_hear_of_each_loss_once_from_the_watcher_thread():
+    store = dist.HashStore()
+    lost = LostWorkers(store, world_size=4, confirm_timeout=1.0)
+    heard: list[int] = []
+    both = threading.Event()
+    lost.subscribe(lambda rank: (heard.append(rank), len(heard) == 2 and both.set()))
+    store.set(LOST_KEY, "2")
+    time.sleep(0.3)
+    store.set(LOST_KEY, "2,3")
+    assert both.wait(2.0)
+    time.sleep(0.3)
+    assert heard == [2, 3]
+    assert lost.ranks == {2, 3}
+
+
+def test_a_failed_transfer_goes_on_only_if_the_launcher_declares_the_peer_lost():
+    store = dist.HashStore()
+    lost = LostWorkers(store, world_size=4, confirm_timeout=0.3)
+    error = RuntimeError("Connection closed by peer")
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        lost.confirm(1, error)  # not declared within the timeout: the error is real
+    threading.Timer(0.1, store.set, args=(LOST_KEY, "1")).start()
+    lost.confirm_timeout = 2.0
+    lost.confirm(1, error)  # declared meanwhile: returns
