@@ -8,7 +8,7 @@ milliseconds per iteration of a worker: compute, the waits on the training threa
 Group Generator, of which it held the request for a group to form; the answer's hand-over
 to the training thread; P-Reduce with the members' waits; with overlap the wait for the
 previous request's group) and the rest (the loop's own work, the sleep's late wake-ups).
-`--network`/`--payload` give the papers' regime (docs/network.md). About 4 minutes at 8
+`--network`/`--payload` give the papers' regime (docs/network.md). About 6 minutes at 8
 workers (ratios are to All-Reduce).
 
     python experiments/prague_speed.py [--workers 16] [--network bandwidth=10Gbit,latency=50us
@@ -32,6 +32,7 @@ VARIANTS = [
     ("adpsgd", {"protocol": "adpsgd"}),
     ("prague", {"protocol": "prague"}),
     ("prague-between", {"protocol": "prague", "overlap": False}),
+    ("prague-size2", {"protocol": "prague", "group_size": 2}),
     ("prague-paper", {**PAPER}),
     ("prague-paper-between", {**PAPER, "overlap": False}),
 ]
