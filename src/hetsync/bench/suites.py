@@ -85,7 +85,9 @@ EVERY_PROTOCOL = (
     Variant.of("hop-staleness2", protocol="hop", staleness=2),
     # On an undirected ring with no backup worker nobody can fall behind: skipping needs one.
     Variant.of("hop-skip", protocol="hop", backup=1, skip=True),
-    Variant.of("prague", protocol="prague"),  # the default: groups of ready workers
+    # The default: groups of ready workers, P-Reduces beside the next step's compute.
+    Variant.of("prague", protocol="prague"),
+    Variant.of("prague-no-overlap", protocol="prague", overlap=False),  # as before issue 15
     Variant.of("prague-static", protocol="prague", schedule="static"),
     Variant.of("prague-random", **PRAGUE_RANDOM),
     # The Prague paper's Group Generator: random groups, with Group Buffer as the docs read it.
