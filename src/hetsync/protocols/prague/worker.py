@@ -113,11 +113,10 @@ Decision = RequestGroup | RunPReduce | MergeModels | StartStep | Leave
 
 
 class WorkerState(Enum):
-    COMPUTING = "computing"  # a local step runs; groups that arrive queue up (or, with
-    # overlap, run)
-    SYNCING = "syncing"  # step done; waiting for the GG's answer (queue empty), or with
-    # overlap for the previous answer's group
-    REDUCING = "reducing"  # a P-Reduce runs (without overlap: with it see `running`)
+    COMPUTING = "computing"  # a local step runs; groups that arrive queue up (overlap: run)
+    SYNCING = "syncing"  # step done; waiting for the GG's answer (overlap: for the previous
+    # answer's group, or for the last one's and the queue)
+    REDUCING = "reducing"  # a P-Reduce runs between steps (overlap: never; see `running`)
     DONE = "done"  # the last step is averaged and the queue empty: Leave was returned
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
