@@ -40,7 +40,8 @@ PROTOCOLS = ("allreduce", "dpsgd", "adpsgd", "hop", "ps", "prague")
 
 
 def _report_ok(run_dir: Path) -> bool:
-    done = subprocess.run([*HETSYNC, "report", str(run_dir)], capture_output=True, text=True)
+    done = subprocess.run([*HETSYNC, "report", str(run_dir), "--out", str(run_dir / "report")],
+                          capture_output=True, text=True)
     return done.returncode == 0
 
 
@@ -146,7 +147,8 @@ def bad_input(out: Path) -> list[dict[str, Any]]:
              ["--fault", "delay-messages:p=2,ms=5"], ["--fault", "kill:rank=9,at=1s"]]
     rows = []
     for args in cases:
-        code, lines = _cli("train", "--workload", "svm", "--workers", "4", *args)
+        workers = [] if "--config" in args else ["--workers", "4"]  # the file's must count
+        code, lines = _cli("train", "--workload", "svm", *workers, *args)
         rows.append({"input": " ".join(args).replace(str(out), "DIR"), "exit": code,
                      "lines": len(lines), "message": lines[-1] if lines else ""})
         print(rows[-1], flush=True)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ import torch
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
+from hetsync.metrics.atomic import replacing, write_text
 
 __all__ = ["ENV_RESUME_AT", "Checkpointer", "Resume", "checkpoint_path", "prepare_resume",
            "resume_config"]
@@ -61,9 +61,8 @@ class Checkpointer:
         """Save `state`; returns the seconds the write took."""
         began = time.perf_counter()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.path)
+        with replacing(self.path) as partial:
+            torch.save(state, partial)
         self._next = elapsed + self.every
         return time.perf_counter() - began
 
@@ -144,6 +143,4 @@ def _trim_evaluations(path: Path, until: float) -> None:
                 kept.append(line + "\n")
         except (ValueError, KeyError, TypeError):
             continue
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(kept))
-    os.replace(tmp, path)
+    write_text(path, "".join(kept))

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from hetsync.config import RunConfig
+from hetsync.metrics.atomic import write_text
 
 __all__ = ["read_jsonl", "summarize", "summarize_rows", "time_to_target", "write_summary"]
 
@@ -122,7 +122,5 @@ def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     """Write summary.json atomically: a reader (report, bench --resume) never sees half."""
     path = run_dir / "summary.json"
-    partial = path.with_name(".summary.json.partial")
-    partial.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(partial, path)
+    write_text(path, json.dumps(summary, indent=2) + "\n")
     return path

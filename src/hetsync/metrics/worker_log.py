@@ -17,6 +17,8 @@ from typing import IO
 import torch
 from torch import nn
 
+from hetsync.metrics.atomic import replacing, write_text
+
 __all__ = ["IterationLog", "Snapshotter", "snapshot_path"]
 
 
@@ -49,9 +51,7 @@ class IterationLog:
         if self.path.is_file():
             kept = [line for line in self.path.read_text().splitlines()
                     if _iteration(line) <= iteration]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
+            write_text(self.path, "".join(line + "\n" for line in kept))
         self._mode = "a"
 
     def append(self, row: dict[str, float | int]) -> None:
@@ -112,7 +112,6 @@ class Snapshotter:
         target = snapshot_path(self.run_dir, index, self.rank)
         target.parent.mkdir(parents=True, exist_ok=True)
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-        tmp = target.with_suffix(".tmp")
-        torch.save({"iteration": iteration, "t": elapsed, "state": state}, tmp)
-        os.replace(tmp, target)
+        with replacing(target) as partial:
+            torch.save({"iteration": iteration, "t": elapsed, "state": state}, partial)
         return target

@@ -51,6 +51,9 @@ def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
                           "iteration is what the simulator charges")
     if config.script:
         raise ConfigError("hetsync simulate runs the built-in workloads, not a script")
+    if config.fault != "none" or config.on_failure != "stop":
+        raise ConfigError("hetsync simulate does not model failures: --fault and --on-failure "
+                          "apply to real runs (hetsync train)")
     declared = parse_payload(config.payload)
     payload = float(declared if declared is not None
                     else model_bytes(get_workload(config.workload).build_model()))

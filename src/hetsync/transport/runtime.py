@@ -93,11 +93,13 @@ class Runtime:
 
     @property
     def wait_timeout(self) -> float:
-        """How long a protocol waits for a peer before it fails: `--hang-timeout`; where
-        workers may be lost, long enough for the launcher to declare a stopped peer lost
-        first (it does within --hang-timeout, and the news takes a moment)."""
+        """How long a protocol waits for a peer before it fails: `--hang-timeout` where no
+        launcher watches; under hetsync's launcher, long enough for the launcher to name a
+        hung or stopped peer first (it does within --hang-timeout) and, under `--on-failure
+        continue`, for the news of its loss to arrive: the waiting peers' own timeouts would
+        otherwise race it to the terminal and blame themselves."""
         timeout = self.config.hang_timeout
-        return timeout if self.lost is None else 2 * timeout + 5.0
+        return 2 * timeout + 5.0 if self.launched else timeout
 
     def leave_together(self) -> None:
         """Wait until every other worker still in the run has finished too: a rank tearing
