@@ -35,7 +35,8 @@ def network_times(run_dir, rank: int) -> list[float]:
     ("prague", {"schedule": "static", "preduce": "mesh", "group_size": 2},
      mesh_reduce(range(2), PAYLOAD)),
     ("dpsgd", {}, ring_allreduce(range(2), 2 * PAYLOAD)[:2]),  # one copy each way
-], ids=["allreduce", "preduce", "point-to-point"])
+    ("prague", {"preduce": "mesh", "group_size": 2}, mesh_reduce(range(2), PAYLOAD)),
+], ids=["allreduce", "preduce", "point-to-point", "preduce-overlapped"])
 def test_logged_network_time_matches_the_model(protocol, options, messages, train_run):
     """Per iteration, the network time logged is the model's within 10 %, and the iteration
     takes at least that long: the emulation adds what the model charges."""
