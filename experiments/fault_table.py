@@ -161,7 +161,7 @@ def cont(out: Path, workers: int) -> list[dict[str, Any]]:
                                                                "ps_mode": "async"}}
     rows = []
     for label, options in variants.items():
-        for fault in ("none", "kill:rank=3,at=4s"):
+        for fault in ("none", "kill:rank=3,at=2s"):
             name = f"{label}-{'killed' if fault != 'none' else 'intact'}"
             summary = run(RunConfig(**{**BASE, **options, "workers": workers, "fault": fault,
                                        "on_failure": "continue", "stop_at_target": True,
