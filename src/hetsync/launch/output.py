@@ -97,8 +97,9 @@ class OutputRelay:
         for stream in self._streams:
             stream.muted = stream.rank not in keep
 
-    def wait_for(self, rank: int, timeout: float = 2.0) -> None:
-        """Wait until rank's pipes are drained (it exited), so logs/rank{r}.out is complete."""
+    def wait_for(self, rank: int, timeout: float = 10.0) -> None:
+        """Wait until rank's pipes are drained (it exited), so logs/rank{r}.out is complete
+        (at most `timeout`: the relay thread can lag on a loaded machine)."""
         with self._closed:
             self._closed.wait_for(lambda: self._open[rank] == 0, timeout)
 
