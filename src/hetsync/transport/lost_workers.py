@@ -26,10 +26,24 @@ import torch.distributed as dist
 
 from hetsync.errors import is_follow_on
 
-__all__ = ["LOST_KEY", "LostWorkers"]
+__all__ = ["LOST_KEY", "LostWorkers", "unless_lost"]
 
 LOST_KEY = "lost"
 POLL_S = 0.1
+
+
+def unless_lost(lost: LostWorkers | None, peer: int, transfer: Callable[[], object]) -> bool:
+    """Run `transfer` with `peer`. If it fails where workers may be `lost` and the launcher
+    declares `peer` lost, return False (the caller goes on without it); otherwise the error
+    is raised. True if the transfer succeeded."""
+    try:
+        transfer()
+    except RuntimeError as error:
+        if lost is None:
+            raise
+        lost.confirm(peer, error)
+        return False
+    return True
 
 
 class LostWorkers:

@@ -64,6 +64,7 @@ from hetsync.protocols.adpsgd.core import (
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
+from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32
@@ -110,18 +111,6 @@ class ADPSGD(Protocol):
             self.core.handle(PeerLost(rank=rank))
             self.cond.notify_all()  # close() may be waiting for the last client
 
-    def _unless_lost(self, peer: int, transfer: Callable[[], object]) -> bool:
-        """Run `transfer` with `peer`; False if it failed and the launcher declares `peer`
-        lost (the caller goes on without it)."""
-        try:
-            transfer()
-        except RuntimeError as error:
-            if self.runtime.lost is None:
-                raise
-            self.runtime.lost.confirm(peer, error)
-            return False
-        return True
-
     # --- the active side, on the training thread ---------------------------------------------
     def begin_iteration(self, step: Step) -> None:
         """Post this iteration's averaging request; it runs while the gradient is computed.
@@ -147,7 +136,7 @@ class ADPSGD(Protocol):
         reply = torch.empty_like(message)
         works: list[dist.Work] = []
         self.runtime.before_send()
-        if not self._unless_lost(partner, lambda: works.extend([
+        if not unless_lost(self.runtime.lost, partner, lambda: works.extend([
                 dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
                 dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)])):
             with self.cond:
@@ -194,7 +183,7 @@ class ADPSGD(Protocol):
         assert self._pending is not None
         message, reply, works, *_ = self._pending
         partner = self._pending[5]
-        if not self._unless_lost(partner, lambda: [work.wait() for work in works]):
+        if not unless_lost(self.runtime.lost, partner, lambda: [work.wait() for work in works]):
             self._pending = None
             with self.cond:
                 decisions = self.core.handle(ReplyLost(src=partner))
@@ -222,7 +211,7 @@ class ADPSGD(Protocol):
         for decision in decisions:
             if isinstance(decision, SendBye):
                 for partner in decision.to:
-                    self._unless_lost(partner, partial(dist.send, bye, partner,
+                    unless_lost(self.runtime.lost, partner, partial(dist.send, bye, partner,
                                                        tag=_REQUEST_TAG, group=self.group))
         if self._server is not None:  # until every client said goodbye or was lost
             with self.cond:
@@ -264,8 +253,8 @@ class ADPSGD(Protocol):
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 self.runtime.before_send()
-                self._unless_lost(source, partial(dist.send, reply, source, tag=_REPLY_TAG,
-                                                  group=self.group))
+                unless_lost(self.runtime.lost, source,
+                            partial(dist.send, reply, source, tag=_REPLY_TAG, group=self.group))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             with self.cond:
                 self._server_error = error

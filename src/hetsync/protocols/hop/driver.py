@@ -32,7 +32,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
 
 import torch
@@ -63,6 +63,7 @@ from hetsync.protocols.hop.core import (
 )
 from hetsync.topology import build
 from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.runtime import Runtime
 
 _UPDATE_TAG, _TOKEN_TAG = 41, 42
@@ -205,18 +206,8 @@ class Hop(Protocol):
 
     def _wait_sends(self) -> None:
         for work, _, to in self._sends:
-            self._unless_lost(to, work.wait)
+            unless_lost(self.runtime.lost, to, work.wait)  # lost: NeighbourLost follows
         self._sends.clear()
-
-    def _unless_lost(self, peer: int, transfer: Callable[[], object]) -> None:
-        """Run `transfer` with `peer`; if it fails and the launcher declares `peer` lost, go
-        on (its `NeighbourLost` comes through the inbox)."""
-        try:
-            transfer()
-        except RuntimeError as error:
-            if self.runtime.lost is None:
-                raise
-            self.runtime.lost.confirm(peer, error)
 
     def _on_lost(self, rank: int) -> None:
         """The launcher declared `rank` lost (a watcher thread calls this)."""
@@ -300,8 +291,8 @@ class Hop(Protocol):
                                     (self.core.in_peers, token_end, _TOKEN_TAG)):
             for j in peers:
                 if j not in self._lost:
-                    self._unless_lost(j, partial(dist.send, message, j, tag=tag,
-                                                 group=self.group))
+                    unless_lost(self.runtime.lost, j, partial(dist.send, message, j, tag=tag,
+                                                              group=self.group))
         with self._channels:  # as long as they train: the launcher watches them
             self._channels.wait_for(self._ended)
         while not self.inbox.empty():

@@ -51,6 +51,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -84,6 +85,7 @@ from hetsync.protocols.prague.worker import (
     WorkerState,
 )
 from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.preduce import make_preducer
 from hetsync.transport.runtime import Runtime
 
@@ -476,12 +478,8 @@ class _GroupGeneratorService:
                                         len(group.members)])
             message[4 : 4 + len(group.members)] = torch.tensor(group.members)
         self.runtime.before_send()
-        try:
-            dist.send(message, rank, tag=_FROM_GG, group=self._host_group)
-        except RuntimeError as error:
-            if self.runtime.lost is None:
-                raise
-            self.runtime.lost.confirm(rank, error)  # lost: its assignment finds no one
+        unless_lost(self.runtime.lost, rank, partial(dist.send, message, rank, tag=_FROM_GG,
+                                                     group=self._host_group))
 
     def raise_error(self) -> None:
         if self.error is not None:

@@ -72,6 +72,7 @@ from __future__ import annotations
 import copy
 import threading
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -98,7 +99,7 @@ from hetsync.protocols.ps.core import (
     ServerDecision,
 )
 from hetsync.transport.flat import unflatten_into
-from hetsync.transport.lost_workers import LostWorkers
+from hetsync.transport.lost_workers import LostWorkers, unless_lost
 from hetsync.transport.runtime import Runtime
 
 PUSH_TAG, PULL_TAG = 21, 22
@@ -316,12 +317,8 @@ class _Server:
                     self.network.occupy(point_to_point(0, rank, self._model_bytes(reply)))
                 if self.before_send is not None:
                     self.before_send()
-                try:
-                    dist.send(reply, rank, tag=PULL_TAG, group=self.group)
-                except RuntimeError as error:
-                    if self.lost is None:
-                        raise
-                    self.lost.confirm(rank, error)  # lost: its reply finds no one
+                unless_lost(self.lost, rank, partial(dist.send, reply, rank, tag=PULL_TAG,
+                                                     group=self.group))  # lost: no one to reply to
         if sends:
             with self.cond:
                 self.bytes_sent += sum(r.numel() * r.element_size() for _, r in sends)
