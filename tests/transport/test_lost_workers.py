@@ -22,6 +22,7 @@ def test_subscribers_hear_of_each_loss_once_from_the_watcher_thread():
     time.sleep(0.3)
     assert heard == [2, 3]
     assert lost.ranks == {2, 3}
+    lost.close()
 
 
 def test_a_failed_transfer_goes_on_only_if_the_launcher_declares_the_peer_lost():
@@ -33,3 +34,16 @@ def test_a_failed_transfer_goes_on_only_if_the_launcher_declares_the_peer_lost()
     threading.Timer(0.1, store.set, args=(LOST_KEY, "1")).start()
     lost.confirm_timeout = 2.0
     lost.confirm(1, error)  # declared meanwhile: returns
+
+
+def test_close_stops_the_watcher_before_the_store_goes():
+    store = dist.HashStore()
+    lost = LostWorkers(store, world_size=4, confirm_timeout=1.0)
+    heard: list[int] = []
+    lost.subscribe(heard.append)
+    watchers = [t for t in threading.enumerate() if t.name == "hetsync-lost"]
+    lost.close()
+    assert not any(t.is_alive() for t in watchers)
+    store.set(LOST_KEY, "1")
+    time.sleep(0.3)
+    assert heard == []

@@ -58,6 +58,7 @@ class LostWorkers:
         self._subscribers: list[Callable[[int], None]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
 
     def refresh(self) -> frozenset[int]:
         """Read the store now; tell subscribers of the ranks new since the last read."""
@@ -107,9 +108,16 @@ class LostWorkers:
                     raise
                 time.sleep(POLL_S)
 
+    def close(self) -> None:
+        """Stop watching, before the store goes: a watcher still reading it while the
+        interpreter exits aborts the process ("terminate called without an active
+        exception")."""
+        self._closed.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * POLL_S + 5)  # a store read in flight ends soon
+
     def _watch(self) -> None:
-        while True:
-            time.sleep(POLL_S)
+        while not self._closed.wait(POLL_S):
             try:
                 self.refresh()
             except Exception:  # noqa: BLE001 - the store is gone: the run is ending

@@ -234,6 +234,8 @@ def shutdown() -> None:
     """Leave the run: destroy the process group (idempotent)."""
     global _RUNTIME
     if _RUNTIME is not None:
+        if _RUNTIME.lost is not None:
+            _RUNTIME.lost.close()
         # Free the TCPStore client now: one destroyed during interpreter finalization (the
         # user's SyncOptimizer still holding it) aborts the process now and then.
         _RUNTIME.store = dist.HashStore()

@@ -196,9 +196,9 @@ class Hop(Protocol):
                 self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
         self.runtime.before_send()
         for j in to:
-            if j not in self._lost:
-                self._sends.append((dist.isend(message, j, tag=tag, group=self.group), message,
-                                    j))
+            if j not in self._lost:  # a send to a peer that just died can fail at once
+                unless_lost(self.runtime.lost, j, lambda j=j: self._sends.append(
+                    (dist.isend(message, j, tag=tag, group=self.group), message, j)))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
     def _scalar(self, value: float) -> torch.Tensor:
