@@ -18,6 +18,8 @@ from hetsync.protocols.adpsgd.core import (
     IterationStarted,
     Leave,
     LoadAverage,
+    PeerLost,
+    ReplyLost,
     ReplyReceived,
     RequestReceived,
     SendBye,
@@ -185,3 +187,33 @@ def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
     assert all(c.state is ADPSGDState.DONE for c in cores) and not any(todo.values())
     assert sum(x) == pytest.approx(sum(range(world)))
     assert all(c.remaining_clients == 0 for c in cores)
+
+
+# --- a lost peer (--on-failure continue) -------------------------------------------------
+def test_active_worker_chooses_a_lost_partner_no_more():
+    core = _core(1, [0, 2])
+    core.handle(PeerLost(rank=0))
+    for k in range(1, 20):
+        assert core.handle(IterationStarted(iteration=k)) == [SendRequest(partner=2, iteration=k)]
+        core.handle(ComputeFinished(iteration=k))
+        core.handle(ReplyReceived(src=2))
+        core.handle(StepFinished(iteration=k, wants_stop=False))
+
+
+def test_a_request_to_a_partner_lost_before_replying_ends_without_an_average():
+    core = _core(1, [0])
+    core.handle(IterationStarted(iteration=1))
+    core.handle(ComputeFinished(iteration=1))
+    assert core.handle(ReplyLost(src=0)) == [Step(iteration=1)]  # no LoadAverage
+    core.handle(PeerLost(rank=0))
+    core.handle(StepFinished(iteration=1, wants_stop=False))
+    assert core.handle(IterationStarted(iteration=2)) == []  # no partner left: trains alone
+
+
+def test_passive_server_is_done_once_its_clients_left_or_were_lost():
+    core = _core(2, [1, 3])
+    assert core.handle(RequestReceived(src=3)) == [Serve(client=3)]
+    assert core.handle(PeerLost(rank=3)) == []  # its request, already in, is served
+    assert core.handle(Served(src=3)) == []
+    assert core.handle(PeerLost(rank=1)) == [ServerDone()]
+    assert core.handle(PeerLost(rank=1)) == []  # told twice: once counts

@@ -21,6 +21,7 @@ from hetsync.protocols.hop.core import (
     HopConfig,
     HopCore,
     NeighbourLeft,
+    NeighbourLost,
     ReadyToStart,
     ReturnTokens,
     SendUpdate,
@@ -468,3 +469,39 @@ def test_5x_slow_workers_with_max_gap_4_keep_the_others_at_4_fifths(spec, backup
     computed = computed_in_logical_time(build(spec, 8), config, dict.fromkeys(slow, 5), 500)
     assert all(computed[r] == 100 for r in slow)
     assert min(n for r, n in enumerate(computed) if r not in slow) >= 0.78 * 500, computed
+
+
+# --- a lost neighbour (--on-failure continue) -------------------------------------------
+def test_stops_waiting_for_a_lost_in_neighbour_and_renormalises():
+    core = ring_core(max_gap=2)
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    assert core.handle(ComputeFinished(iteration=1)) == [Wait(iteration=1, updates={2: 1})]
+    half = pytest.approx(0.5)
+    assert core.handle(NeighbourLost(rank=2))[:2] == [
+        Aggregate(iteration=1, inputs={0: 1}, self_weight=half, weights={0: half}),
+        ReturnTokens(to=(0,), count=1)]
+    assert core.handle(ReadyToStart())[-1] == SendUpdate(tag=2, to=(0,))  # no tokens from 2
+
+
+def test_does_not_wait_for_the_update_a_lost_neighbours_tokens_promise():
+    """Unlike a neighbour that left (whose end marker may overtake its last update), a lost one
+    may have died before sending it."""
+    core = ring_core(max_gap=2)
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(ComputeFinished(iteration=1))
+    core.handle(TokensReceived(src=2))  # rank 2 completed iteration 1, then died
+    assert isinstance(core.handle(NeighbourLost(rank=2))[0], Aggregate)
+
+
+def test_blocked_on_a_lost_out_neighbours_tokens_goes_on():
+    core = ring_core(max_gap=1)
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(UpdateReceived(src=2, tag=1))
+    core.handle(ComputeFinished(iteration=1))
+    core.handle(TokensReceived(src=0))
+    assert core.handle(ReadyToStart())[-1] == Wait(iteration=2, tokens=(2,))
+    assert core.handle(NeighbourLost(rank=2))[-2:] == [StartIteration(iteration=2),
+                                                       SendUpdate(tag=2, to=(0,))]

@@ -23,6 +23,7 @@ from hetsync.protocols.prague.group_generator import (
     GroupRequested,
     GroupStats,
     WaitTimedOut,
+    WorkerLost,
 )
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
@@ -432,3 +433,43 @@ def test_groups_check_themselves(kwargs, match):
         Group(**kwargs)
     with pytest.raises(ValueError, match="not a member"):
         AssignGroup(rank=3, group=Group(id=0, members=(0, 1)), answers_request=False)
+
+
+# --- a lost worker (--on-failure continue) -----------------------------------------------
+def _gg(policy: str = "random", world: int = 4, group_size: int = 2) -> GroupGeneratorCore:
+    return GroupGeneratorCore(world, group_size, random.Random(1), policy=policy)
+
+
+@pytest.mark.parametrize("policy", ["random", "ready"])
+def test_puts_a_lost_worker_in_no_later_group(policy):
+    gg = _gg(policy)
+    gg.handle(WorkerLost(rank=2))
+    rng = random.Random(3)
+    for k in range(1, 200):
+        rank = rng.choice([0, 1, 3])
+        if rank in gg.waiting:
+            continue
+        for assign in gg.handle(GroupRequested(rank=rank, iteration=k)):
+            assert 2 not in assign.group.members
+            gg.handle(GroupFinished(group_id=assign.group.id, rank=assign.rank))
+    assert 2 not in gg.live
+
+
+def test_finishes_a_lost_workers_groups_for_it_and_groups_those_it_kept_waiting():
+    gg = _gg("ready", world=4, group_size=3)
+    assert gg.handle(GroupRequested(rank=0, iteration=1)) == []
+    assert gg.handle(GroupRequested(rank=1, iteration=1)) == []
+    formed = gg.handle(WorkerLost(rank=3))  # rank 3 never came: 2 was still to come
+    assert formed == []
+    formed = gg.handle(GroupRequested(rank=2, iteration=1))
+    assert {a.rank for a in formed} == {0, 1, 2}
+    gg = _gg("random", world=3, group_size=3)
+    [*assigned] = gg.handle(GroupRequested(rank=0, iteration=1))
+    group = assigned[0].group
+    assert group.members == (0, 1, 2)
+    gg.handle(WorkerLost(rank=2))
+    gg.handle(GroupFinished(group_id=group.id, rank=0))
+    gg.handle(GroupFinished(group_id=group.id, rank=1))
+    assert gg.unfinished(2) == ()
+    again = gg.handle(GroupRequested(rank=1, iteration=2))
+    assert all(isinstance(a, AssignGroup) and a.group.members == (0, 1) for a in again)

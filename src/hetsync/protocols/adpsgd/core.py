@@ -36,7 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.cores.core import Core
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "ADPSGDCore", "ADPSGDState", "ByeReceived", "ComputeFinished", "Finish", "Holder",
@@ -208,7 +209,7 @@ class Holder(Enum):
     STEP = "step"  # its own optimizer step
 
 
-class ADPSGDCore:
+class ADPSGDCore(Core[Event, Decision]):
     """One AD-PSGD worker's state machine (see the module doc)."""
 
     def __init__(self, rank: int, neighbours: Sequence[int], naive: bool,
@@ -240,14 +241,9 @@ class ADPSGDCore:
         """Whether a request arriving now would be served at once."""
         return self.holder is Holder.FREE and not self._queue
 
-    def handle(self, event: Event) -> list[Decision]:
-        if self.state is ADPSGDState.ERROR:
-            raise LocalProtocolError(f"adpsgd rank {self.rank}: core is in ERROR; got {event!r}")
-        try:
-            return self._handle(event)
-        except ProtocolError:
-            self.state = ADPSGDState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return f"adpsgd rank {self.rank}"
 
     def _handle(self, event: Event) -> list[Decision]:
         state = self.state

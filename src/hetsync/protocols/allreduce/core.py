@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.cores.core import Core
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
     "AllReduceRound", "AllReduceState", "AllReduceWorker", "Completed", "Contributed", "Finish",
@@ -90,8 +91,9 @@ class AllReduceState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class AllReduceWorker:
+class AllReduceWorker(Core[GradientsReady | Reduced, Reduce | Finish]):
     """One worker's all-reduce decisions (see the module doc)."""
+    REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 
     def __init__(self, rank: int, world: int) -> None:
         if not 0 <= rank < world:
@@ -106,15 +108,9 @@ class AllReduceWorker:
         """What each worker divides its gradients by: the sum is then their mean."""
         return self.world
 
-    def handle(self, event: GradientsReady | Reduced) -> list[Reduce | Finish]:
-        if self.state in (AllReduceState.ERROR, AllReduceState.DONE):
-            raise LocalProtocolError(f"allreduce rank {self.rank}: core is in "
-                                     f"{self.state.name}; got {event!r}")
-        try:
-            return self._handle(event)
-        except ProtocolError:
-            self.state = AllReduceState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return f"allreduce rank {self.rank}"
 
     def _handle(self, event: GradientsReady | Reduced) -> list[Reduce | Finish]:
         if isinstance(event, GradientsReady):
@@ -140,8 +136,9 @@ class AllReduceWorker:
                                   f"{self.state.name} (iteration {self.iteration})")
 
 
-class AllReduceRound:
+class AllReduceRound(Core[Contributed, Completed]):
     """When each iteration's collective completes, across all workers (see the module doc)."""
+    REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 
     def __init__(self, world: int) -> None:
         if world < 1:
@@ -153,15 +150,9 @@ class AllReduceRound:
         self.count = self.votes = 0
         self._last = [0] * world  # the iteration each rank last contributed to
 
-    def handle(self, event: Contributed) -> list[Completed]:
-        if self.state in (AllReduceState.ERROR, AllReduceState.DONE):
-            raise LocalProtocolError(f"allreduce round: core is in {self.state.name}; "
-                                     f"got {event!r}")
-        try:
-            return self._handle(event)
-        except ProtocolError:
-            self.state = AllReduceState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return "allreduce round"
 
     def _handle(self, event: Contributed) -> list[Completed]:
         if not isinstance(event, Contributed):

@@ -28,7 +28,8 @@ from typing import Protocol
 
 import networkx as nx
 
-from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.cores.core import Core
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.cores.stop_agreement import StopAgreement
 
 __all__ = [
@@ -131,8 +132,9 @@ class DPSGDState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class DPSGDCore:
+class DPSGDCore(Core[IterationStarted | ComputeFinished | ModelReceived, Exchange | Average]):
     """One D-PSGD worker's state machine (see the module doc)."""
+    REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 
     def __init__(self, rank: int, phases: Sequence[Neighbourhood], hops: int,
                  max_iterations: int | None = None) -> None:
@@ -162,16 +164,9 @@ class DPSGDCore:
         arrived = self._arrived.get(self.iteration, ())
         return tuple(j for j in self.neighbourhood(self.iteration).in_peers if j not in arrived)
 
-    def handle(self, event: IterationStarted | ComputeFinished | ModelReceived
-               ) -> list[Exchange | Average]:
-        if self.state in (DPSGDState.ERROR, DPSGDState.DONE):
-            raise LocalProtocolError(f"dpsgd rank {self.rank}: core is in {self.state.name}; "
-                                     f"got {event!r}")
-        try:
-            return self._handle(event)
-        except ProtocolError:
-            self.state = DPSGDState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return f"dpsgd rank {self.rank}"
 
     def _handle(self, event: IterationStarted | ComputeFinished | ModelReceived
                 ) -> list[Exchange | Average]:

@@ -58,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
+from hetsync.cores.core import Core
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
@@ -228,7 +229,7 @@ class State(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class HopCore:
+class HopCore(Core[Event, Decision]):
     """One worker's Hop state machine (see the module doc)."""
 
     def __init__(
@@ -263,14 +264,9 @@ class HopCore:
         self.held_back_by: set[int] = set()
 
     # --- the one mutating entry point -----------------------------------------------------
-    def handle(self, event: Event) -> list[Decision]:
-        if self.state is State.ERROR:
-            raise LocalProtocolError(f"rank {self.rank}: core is in ERROR; got {event}")
-        try:
-            return self._handle(event)
-        except (LocalProtocolError, RemoteProtocolError):
-            self.state = State.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return f"hop rank {self.rank}"
 
     def _handle(self, event: Event) -> list[Decision]:
         if isinstance(event, ReadyToStart):

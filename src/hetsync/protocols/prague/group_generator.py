@@ -64,7 +64,8 @@ from collections import deque
 from dataclasses import dataclass, replace
 from enum import Enum
 
-from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.cores.core import Core
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.prague.static_schedule import split_evenly
 
 __all__ = [
@@ -159,7 +160,7 @@ class GeneratorState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class GroupGeneratorCore:
+class GroupGeneratorCore(Core[object, AssignGroup]):
     """The central Group Generator (see the module doc)."""
 
     def __init__(
@@ -184,7 +185,7 @@ class GroupGeneratorCore:
         self.world, self.group_size, self.policy = world, group_size, policy
         self.buffer, self.redivide_every = buffer, redivide_every or world
         self._rng = rng
-        self._state = GeneratorState.RUNNING
+        self.state = GeneratorState.RUNNING
         self._stats = GroupStats()
         self._live = set(range(world))
         self._last_iteration: dict[int, int] = {}
@@ -196,10 +197,6 @@ class GroupGeneratorCore:
         self._division_of: dict[int, int] = {}
         self._next_id = 0
         self._redivide()
-
-    @property
-    def state(self) -> GeneratorState:
-        return self._state
 
     @property
     def stats(self) -> GroupStats:
@@ -224,23 +221,20 @@ class GroupGeneratorCore:
         """Groups assigned to `rank` that it has not reported finished, in order."""
         return tuple(self._unfinished[rank])
 
-    def handle(self, event: object) -> list[AssignGroup]:
-        """Take one event; return the assignments to send, in order."""
-        if self._state is GeneratorState.ERROR:
-            raise LocalProtocolError(f"group generator is in ERROR; got {event!r}")
-        try:
-            if isinstance(event, GroupRequested):
-                return self._on_request(event)
-            if isinstance(event, GroupFinished):
-                return self._on_finished(event)
-            if isinstance(event, WaitTimedOut):
-                return self._on_timeout()
-            if isinstance(event, WorkerLost):
-                return self._on_lost(event)
-            raise LocalProtocolError(f"group generator: unknown event {event!r}")
-        except ProtocolError:
-            self._state = GeneratorState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return "group generator"
+
+    def _handle(self, event: object) -> list[AssignGroup]:
+        if isinstance(event, GroupRequested):
+            return self._on_request(event)
+        if isinstance(event, GroupFinished):
+            return self._on_finished(event)
+        if isinstance(event, WaitTimedOut):
+            return self._on_timeout()
+        if isinstance(event, WorkerLost):
+            return self._on_lost(event)
+        raise LocalProtocolError(f"group generator: unknown event {event!r}")
 
     def _on_request(self, event: GroupRequested) -> list[AssignGroup]:
         rank = event.rank

@@ -42,7 +42,8 @@ from collections import deque
 from dataclasses import dataclass
 from enum import Enum
 
-from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.cores.core import Core
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.prague.group_generator import Group
 
 __all__ = [
@@ -121,7 +122,7 @@ class WorkerState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class PragueWorkerCore:
+class PragueWorkerCore(Core[object, Decision]):
     """The decisions of one Prague worker (see the module doc)."""
 
     def __init__(self, rank: int, world: int, first_iteration: int = 1,
@@ -129,7 +130,7 @@ class PragueWorkerCore:
         if not 0 <= rank < world:
             raise ValueError(f"Arg `rank` must be in 0..{world - 1} (got {rank})")
         self.rank = rank
-        self._state = WorkerState.COMPUTING
+        self.state = WorkerState.COMPUTING
         self._iteration = first_iteration
         self._queue: deque[Group] = deque()
         self._running: Group | None = None
@@ -141,10 +142,6 @@ class PragueWorkerCore:
         self._answer: int | None = None  # overlap: the id of the answer's group, until done
         self._requested_last = False
         self._handed_over = False  # overlap: no P-Reduce before the first merge (no copy yet)
-
-    @property
-    def state(self) -> WorkerState:
-        return self._state
 
     @property
     def iteration(self) -> int:
@@ -165,28 +162,25 @@ class PragueWorkerCore:
         """The GG has not answered this step's request yet."""
         return self._awaiting_answer
 
-    def handle(self, event: object) -> list[Decision]:
-        """Take one event; return the decisions to execute, in order."""
-        if self._state is WorkerState.ERROR:
-            raise LocalProtocolError(f"rank {self.rank}: core is in ERROR; got {event!r}")
-        try:
-            if isinstance(event, StepFinished):
-                return self._on_step_finished(event)
-            if isinstance(event, GroupAssigned):
-                return self._on_group_assigned(event)
-            if isinstance(event, PReduceFinished):
-                return self._on_preduce_finished(event)
-            raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
-        except ProtocolError:
-            self._state = WorkerState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return f"prague rank {self.rank}"
+
+    def _handle(self, event: object) -> list[Decision]:
+        if isinstance(event, StepFinished):
+            return self._on_step_finished(event)
+        if isinstance(event, GroupAssigned):
+            return self._on_group_assigned(event)
+        if isinstance(event, PReduceFinished):
+            return self._on_preduce_finished(event)
+        raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
 
     def _on_step_finished(self, event: StepFinished) -> list[Decision]:
-        if self._state is not WorkerState.COMPUTING or event.iteration != self._iteration:
+        if self.state is not WorkerState.COMPUTING or event.iteration != self._iteration:
             raise self._local(event, f"expected StepFinished(iteration={self._iteration}) "
                               f"while COMPUTING")
         self._last = event.last
-        self._state = WorkerState.SYNCING
+        self.state = WorkerState.SYNCING
         if self.overlap:
             return self._next_overlapped()
         self._awaiting_answer = True
@@ -196,7 +190,7 @@ class PragueWorkerCore:
 
     def _on_group_assigned(self, event: GroupAssigned) -> list[Decision]:
         group = event.group
-        if self._state is WorkerState.DONE:
+        if self.state is WorkerState.DONE:
             raise self._remote(event, "this rank already left")
         if self.rank not in group:
             raise self._remote(event, "the group does not contain this rank")
@@ -217,7 +211,7 @@ class PragueWorkerCore:
             self._answer = group.id if pending else None
         if self.overlap:
             return self._next_overlapped()
-        return self._next() if self._state is WorkerState.SYNCING else []
+        return self._next() if self.state is WorkerState.SYNCING else []
 
     def _on_preduce_finished(self, event: PReduceFinished) -> list[Decision]:
         if self._running is None or event.group_id != self._running.id:
@@ -228,7 +222,7 @@ class PragueWorkerCore:
             if event.group_id == self._answer:
                 self._answer = None
             return self._next_overlapped()
-        self._state = WorkerState.SYNCING
+        self.state = WorkerState.SYNCING
         return self._next()
 
     def _next(self) -> list[Decision]:
@@ -236,15 +230,15 @@ class PragueWorkerCore:
         if self._queue:
             self._running = self._queue.popleft()
             self._started_since_request.add(self._running.id)
-            self._state = WorkerState.REDUCING
+            self.state = WorkerState.REDUCING
             return [RunPReduce(group=self._running)]
         if self._awaiting_answer:
             return []
         if self._last:
-            self._state = WorkerState.DONE
+            self.state = WorkerState.DONE
             return [Leave()]
         self._iteration += 1
-        self._state = WorkerState.COMPUTING
+        self.state = WorkerState.COMPUTING
         return [StartStep(iteration=self._iteration)]
 
     def _next_overlapped(self) -> list[Decision]:
@@ -253,7 +247,7 @@ class PragueWorkerCore:
         decisions: list[Decision] = []
         settled = (self._running is None and not self._awaiting_answer
                    and self._answer is None)
-        if self._state is WorkerState.SYNCING and settled:
+        if self.state is WorkerState.SYNCING and settled:
             if not self._requested_last:
                 decisions.append(MergeModels())
                 self._handed_over = True
@@ -264,10 +258,10 @@ class PragueWorkerCore:
                 self._requested_last = self._last
                 if not self._last:
                     self._iteration += 1
-                    self._state = WorkerState.COMPUTING
+                    self.state = WorkerState.COMPUTING
                     decisions.append(StartStep(iteration=self._iteration))
             elif not self._queue:
-                self._state = WorkerState.DONE
+                self.state = WorkerState.DONE
                 return [MergeModels(), Leave()]
         if self._running is None and self._queue and self._handed_over:
             self._running = self._queue.popleft()
@@ -276,9 +270,9 @@ class PragueWorkerCore:
         return decisions
 
     def _local(self, event: object, problem: str) -> LocalProtocolError:
-        return LocalProtocolError(f"rank {self.rank} in state {self._state.name}: cannot take "
+        return LocalProtocolError(f"rank {self.rank} in state {self.state.name}: cannot take "
                                   f"{event!r}: {problem}")
 
     def _remote(self, event: object, problem: str) -> RemoteProtocolError:
-        return RemoteProtocolError(f"rank {self.rank} in state {self._state.name}: GG sent "
+        return RemoteProtocolError(f"rank {self.rank} in state {self.state.name}: GG sent "
                                    f"{event!r}: {problem}")

@@ -31,7 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
+from hetsync.cores.core import Core
+from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.ps.rounds import Reply, SyncRounds
 
 __all__ = [
@@ -153,7 +154,7 @@ class PSState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class PSServerCore:
+class PSServerCore(Core[Push | Bye, ServerDecision]):
     """The parameter server's decisions (see the module doc)."""
 
     def __init__(self, world: int, mode: str = "sync", backup: int = 0) -> None:
@@ -177,14 +178,9 @@ class PSServerCore:
     def has_left(self, rank: int) -> bool:
         return bool(self._left[rank])
 
-    def handle(self, event: Push | Bye) -> list[ServerDecision]:
-        if self.state is PSState.ERROR:
-            raise LocalProtocolError(f"ps server: core is in ERROR; got {event!r}")
-        try:
-            return self._handle(event)
-        except ProtocolError:
-            self.state = PSState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return "ps server"
 
     def _handle(self, event: Push | Bye) -> list[ServerDecision]:
         if not isinstance(event, Push | Bye):
@@ -228,8 +224,9 @@ class PSServerCore:
                       buffer_divisor=reply.applied, lr_scale=1.0), answer]
 
 
-class PSWorkerCore:
+class PSWorkerCore(Core[GradientReady | ReplyReceived | Leave, WorkerDecision]):
     """One parameter-server worker's decisions (see the module doc)."""
+    REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 
     def __init__(self, rank: int, mode: str = "sync", backup: int = 0) -> None:
         if mode not in MODES:
@@ -241,15 +238,9 @@ class PSWorkerCore:
         self.state = PSState.IDLE
         self._wants_stop = False
 
-    def handle(self, event: GradientReady | ReplyReceived | Leave) -> list[WorkerDecision]:
-        if self.state in (PSState.ERROR, PSState.DONE):
-            raise LocalProtocolError(f"ps rank {self.rank}: core is in {self.state.name}; "
-                                     f"got {event!r}")
-        try:
-            return self._handle(event)
-        except ProtocolError:
-            self.state = PSState.ERROR
-            raise
+    @property
+    def who(self) -> str:
+        return f"ps rank {self.rank}"
 
     def _handle(self, event: GradientReady | ReplyReceived | Leave) -> list[WorkerDecision]:
         if isinstance(event, GradientReady):
