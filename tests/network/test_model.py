@@ -25,7 +25,15 @@ def model(world: int = 16, text: str = "bandwidth=10Gbit,latency=50us") -> Netwo
 
 
 def test_a_lone_transfer_takes_size_over_bandwidth_plus_latency():
-    assert model().duration(point_to_point(0, 1, 100 * MB)) == pytest.approx(100 * MB / B + L)
+    net = model()
+    assert net.duration(point_to_point(0, 1, 100 * MB)) == pytest.approx(100 * MB / B + L)
+    assert net.transfer_time(0, 1, 100 * MB) == pytest.approx(100 * MB / B + L)
+    assert net.egress_free == [0.0] * 16  # nothing booked
+
+
+def test_a_transfer_takes_the_slower_nic_and_the_longer_latency():
+    net = model(4, "bandwidth=10Gbit,latency=50us;ranks=3:bandwidth=1Gbit,latency=1ms")
+    assert net.transfer_time(0, 3, MB) == pytest.approx(MB / 1.25e8 + 1e-3)
 
 
 def test_two_transfers_from_one_sender_share_its_egress():

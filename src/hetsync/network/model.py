@@ -83,6 +83,12 @@ class NetworkModel:
         self.ingress_free[m.dst] = start + m.nbytes / dst.ingress
         return max(sent, self.ingress_free[m.dst]) + max(src.latency, dst.latency)
 
+    def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
+        """How long one message of `nbytes` takes from `src` to `dst` on idle NICs (the rule
+        above without queueing; books nothing)."""
+        a, b = self.nics[src], self.nics[dst]
+        return nbytes / min(a.egress, b.ingress) + max(a.latency, b.latency)
+
     def duration(self, messages: Sequence[Message]) -> float:
         """How long `messages` take on idle NICs: the last arrival, from time 0."""
         fresh = NetworkModel(self.spec, len(self.nics))

@@ -88,7 +88,7 @@ class Costs:
     def __post_init__(self) -> None:
         nics = self.network.nics
         self._uniform = all(nic == nics[0] for nic in nics)
-        self._control = self._control_latency(0, 0)
+        self._control = self.network.transfer_time(0, 0, CONTROL_BYTES)
 
     @classmethod
     def build(cls, step_ms: float, slowdown: SlowdownSpec, network: str, world: int,
@@ -104,12 +104,9 @@ class Costs:
 
     def latency(self, src: int, dst: int) -> float:
         """When a control message sent now arrives, relative to now."""
-        return self._control if self._uniform else self._control_latency(src, dst)
-
-    def _control_latency(self, src: int, dst: int) -> float:
-        nics = self.network.nics
-        a, b = nics[src], nics[dst]
-        return CONTROL_BYTES / min(a.egress, b.ingress) + max(a.latency, b.latency)
+        if self._uniform:
+            return self._control
+        return self.network.transfer_time(src, dst, CONTROL_BYTES)
 
 
 class Server:
