@@ -200,5 +200,7 @@ class MathModel:
         accuracy = float(((out >= 0).float() * 2 - 1 == self._test_y).float().mean())
         return loss, accuracy
 
-    def consensus_distance(self) -> float:
-        return float(((self.x - self.x.mean(0)) ** 2).sum(1).mean())
+    def consensus_distance(self, rows: Any = None) -> float:
+        """Mean squared distance of the models of `rows` (default all) from their mean."""
+        x = self.x if rows is None else self.x[rows]
+        return float(((x - x.mean(0)) ** 2).sum(1).mean())

@@ -20,10 +20,12 @@ from tqdm import tqdm
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, Deadlock
+from hetsync.faults import parse_faults
 from hetsync.launch.launcher import RunLock, RunResult, default_out, prepare_run_dir
 from hetsync.metrics.summary import summarize_rows, write_summary
 from hetsync.network.emulator import model_bytes
 from hetsync.network.spec import parse_payload
+from hetsync.protocols.catalog import essential_ranks
 from hetsync.simulator.costs import LOCAL_NETWORK, SERVICE_S, Costs
 from hetsync.simulator.math import MathModel
 from hetsync.simulator.protocols import builder
@@ -51,9 +53,7 @@ def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
                           "iteration is what the simulator charges")
     if config.script:
         raise ConfigError("hetsync simulate runs the built-in workloads, not a script")
-    if config.fault != "none" or config.on_failure != "stop":
-        raise ConfigError("hetsync simulate does not model failures: --fault and --on-failure "
-                          "apply to real runs (hetsync train)")
+    kills = _kills(config)
     declared = parse_payload(config.payload)
     payload = float(declared if declared is not None
                     else model_bytes(get_workload(config.workload).build_model()))
@@ -63,7 +63,30 @@ def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
     sim.service_s = {"group-generator": options.gg_service_us * 1e-6,
                      "parameter-server": options.ps_service_us * 1e-6}
     sim.workers = builder(config.protocol)(sim)
+    for rank, at in kills:
+        sim.kill(rank, at)
     return sim
+
+
+def _kills(config: RunConfig) -> list[tuple[int, float]]:
+    """(rank, seconds) of each `--fault kill`: the one failure simulated, a worker lost
+    under `--on-failure continue` (whose protocol and ranks real runs' check allows)."""
+    faults = parse_faults(config.fault)
+    for fault in faults:
+        if fault.kind != "kill":
+            raise ConfigError(f"hetsync simulate models --fault kill only (a lost worker): "
+                              f"--fault {fault.kind} applies to real runs (hetsync train)")
+    if faults and config.on_failure != "continue":
+        raise ConfigError("hetsync simulate models a killed worker under --on-failure "
+                          "continue only (without it a kill ends the run): add it")
+    essential = essential_ranks(config) if faults else frozenset()
+    for fault in faults:
+        if fault.rank in essential:
+            raise ConfigError(f"--fault kill:rank={fault.rank}: rank {fault.rank} hosts "
+                              f"{config.protocol}'s central service, whose loss ends a real "
+                              "run; hetsync simulate models the losses a run goes on without")
+    assert all(f.at_s is not None for f in faults)  # parse_faults: a kill is at a time
+    return [(f.rank, float(f.at_s or 0.0)) for f in faults]
 
 
 def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult:
@@ -100,7 +123,7 @@ def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> 
     and what it measured so far is summarised as for any run."""
     config, clock = sim.config, sim.clock
     for worker in sim.workers:
-        clock.at(0.0, worker.start)
+        sim.at(worker.rank, 0.0, worker.start)
     if sim.math is not None:
         clock.at(0.0, _evaluate, sim, evals)
     horizon = (config.max_time or math.inf) + config.hang_timeout
@@ -116,7 +139,8 @@ def run_events(sim: Simulation, evals: list[dict[str, Any]], progress: bool) -> 
             until = min(until + step, horizon)
             if clock.run(until=until):
                 break
-            done = until if config.max_time is not None else min(w.iteration for w in sim.workers)
+            done = until if config.max_time is not None else min(
+                w.iteration for w in sim.survivors)
             bar.update(done - bar.n)
             if until >= horizon:
                 return (f"cut: not ended {config.hang_timeout:g} simulated s after --max-time "
@@ -142,10 +166,15 @@ def _evaluate(sim: Simulation, evals: list[dict[str, Any]]) -> None:
 
 def _evaluation(sim: Simulation, model: str) -> dict[str, Any]:
     assert sim.math is not None
-    loss, accuracy = sim.math.evaluate()
-    return {"t": sim.clock.now, "model": model, "loss": loss, "accuracy": accuracy,
-            "iterations": [w.iteration for w in sim.workers],
-            "consensus_distance": sim.math.consensus_distance()}
+    ranks = [w.rank for w in sim.workers if w.rank not in sim.declared]
+    rows = ranks if sim.declared else None  # the survivors' consensus, as the evaluator's
+    loss, accuracy = sim.math.evaluate(rows)
+    row = {"t": sim.clock.now, "model": model, "loss": loss, "accuracy": accuracy,
+           "iterations": [sim.workers[r].iteration for r in ranks],
+           "consensus_distance": sim.math.consensus_distance(rows)}
+    if rows is not None:
+        row["ranks"] = ranks
+    return row
 
 
 #: The iteration `time_to_iteration` reports in simulated summaries (the scaling study's K).
@@ -154,10 +183,11 @@ TIME_TO_ITERATION = 100
 
 def time_to_iteration(sim: Simulation, k: int) -> dict[str, Any]:
     """When the median and the last worker completed iteration `k` (None: not reached)."""
-    times = sorted(w.rows[k - 1]["t"] for w in sim.workers if len(w.rows) >= k)
-    reached = len(times) == sim.world
-    return {"k": k, "median_s": round(times[len(times) // 2], 4) if 2 * len(times) > sim.world
-            else None, "last_s": round(times[-1], 4) if reached else None}
+    survivors = sim.survivors
+    times = sorted(w.rows[k - 1]["t"] for w in survivors if len(w.rows) >= k)
+    reached = len(times) == len(survivors)
+    return {"k": k, "median_s": round(times[len(times) // 2], 4) if 2 * len(times) > len(
+        survivors) else None, "last_s": round(times[-1], 4) if reached else None}
 
 
 def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
@@ -175,6 +205,7 @@ def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
     summary = summarize_rows([w.rows for w in sim.workers], evals, config, stop_reason)
     summary["engine"] = "simulator" + (" (math)" if sim.math is not None else "")
     summary["time_to_iteration_s"] = time_to_iteration(sim, TIME_TO_ITERATION)
+    summary["lost_workers"] = sim.lost
     write_summary(run_dir, summary)
     services = {name: {"served": s.served, "busy_fraction": round(
         s.busy_s / sim.clock.now, 4) if sim.clock.now else 0.0, "service_s": s.service_s}

@@ -4,6 +4,13 @@ A protocol's simulation (`hetsync.simulator.protocols`) builds one `SimWorker` p
 the protocol's cores and turns their decisions into timed callbacks; this module keeps each
 worker's per-iteration row in the format real workers log (docs/run-directory.md), so that
 `hetsync report` reads simulated and real runs alike.
+
+Lost workers (`--fault kill:rank=R,at=T --on-failure continue`). At T the worker stops at
+once: its pending callbacks (compute, its own timers, messages it was yet to receive) do
+nothing, while what it had already sent still arrives. `DETECTION_S` later the run declares
+it lost, as the launcher does, and tells every subscriber, as `LostWorkers.subscribe` tells a
+real driver's; each protocol's simulation subscribes what its real driver subscribes (the
+core event it feeds is the protocol's, not this module's).
 """
 
 from __future__ import annotations
@@ -17,12 +24,19 @@ from hetsync.errors import Deadlock
 from hetsync.network.model import Message
 from hetsync.simulator.clock import Clock
 from hetsync.simulator.costs import SERVICE_S, Costs
+from hetsync.transport.lost_workers import POLL_S
 
 if TYPE_CHECKING:
     from hetsync.simulator.jitter import Jitter
     from hetsync.simulator.math import MathModel
 
-__all__ = ["SimWorker", "Simulation"]
+__all__ = ["DETECTION_S", "SimWorker", "Simulation"]
+
+#: Seconds from a worker's death to the survivors hearing of it: the launcher's check period
+#: (0.2 s) finds the exit, it pauses 0.5 s for the failure's echo to reach the peers' exit
+#: codes before naming the failed worker, publishes it in the store, and each worker's watcher
+#: polls the store every `POLL_S`. Real runs of docs/failures.md recorded a kill 0.8 s after it.
+DETECTION_S = 0.2 + 0.5 + POLL_S
 
 
 @dataclass
@@ -42,6 +56,17 @@ class Simulation:
     """Random extra delays (fuzzing); None: the costs as modelled."""
     services: dict[str, Any] = field(default_factory=dict)
     """Central services (name -> `Server`), for their load figures in simulation.json."""
+    detection_s: float = DETECTION_S
+    """Seconds from a worker's loss to its declaration (fuzzing varies it)."""
+    dead: set[int] = field(default_factory=set)
+    """Ranks lost: nothing of theirs runs any more."""
+    declared: set[int] = field(default_factory=set)
+    """Ranks declared lost (after `detection_s`): the survivors know."""
+    lost: list[dict[str, Any]] = field(default_factory=list)
+    """The summary's `lost_workers`: rank, reason, run time of the declaration."""
+    mortal: bool = False
+    """A loss is planned (`kill`): callbacks check that their worker still lives."""
+    _listeners: list[tuple[int | None, Callable[[int], None]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.max_iterations = self.config.max_iterations
@@ -53,10 +78,52 @@ class Simulation:
 
     def deliver(self, src: int, dst: int, at: float, action: Any, *args: Any) -> None:
         """A message from `src` to `dst` that the costs say arrives at `at`: run `action(*args)`
-        when it does (later, under `jitter`)."""
+        when it does (later, under `jitter`; never, if `dst` is lost by then)."""
         if self.jitter is not None:
             at = self.jitter.arrive(src, dst, at)
-        self.clock.at(at, action, *args)
+        self.at(dst, at, action, *args)
+
+    def at(self, rank: int, when: float, action: Any, *args: Any) -> None:
+        """Run `action(*args)`, something of worker `rank`'s, at `when` unless `rank` is
+        lost by then."""
+        if self.mortal:
+            self.clock.at(when, self._unless_dead, rank, action, args)
+        else:
+            self.clock.at(when, action, *args)
+
+    def _unless_dead(self, rank: int, action: Any, args: tuple[Any, ...]) -> None:
+        if rank not in self.dead:
+            action(*args)
+
+    # --- lost workers ----------------------------------------------------------------------
+    def kill(self, rank: int, at: float) -> None:
+        """Lose `rank` at simulated time `at` (`--fault kill`); call before the run starts."""
+        self.mortal = True
+        self.clock.at(at, self._die, rank)
+
+    def subscribe(self, callback: Callable[[int], None], rank: int | None = None) -> None:
+        """Call `callback(lost_rank)` when a worker is declared lost, unless the subscriber's
+        own `rank` (None: a part of the run that cannot be lost) is lost itself."""
+        self._listeners.append((rank, callback))
+
+    def _die(self, rank: int) -> None:
+        worker = self.workers[rank]
+        if worker.done or rank in self.dead:
+            return  # its process had exited: there is nothing to kill
+        self.dead.add(rank)
+        reason = f"was killed by signal SIGKILL at iteration {worker.iteration + 1} (simulated)"
+        self.clock.after(self.detection_s, self._declare, rank, reason)
+
+    def _declare(self, rank: int, reason: str) -> None:
+        self.declared.add(rank)
+        self.lost.append({"rank": rank, "reason": reason, "at_s": round(self.clock.now, 3)})
+        for owner, callback in self._listeners:
+            if owner not in self.dead:
+                callback(rank)
+
+    @property
+    def survivors(self) -> list[SimWorker]:
+        return [w for w in self.workers if w.rank not in self.dead]
 
     def control(self, src: int, dst: int, action: Any, *args: Any) -> None:
         """A control message (a request, a token, a goodbye) from `src` to `dst`, sent now."""
@@ -78,14 +145,14 @@ class Simulation:
 
     def stuck(self) -> str:
         """The unfinished workers and what each waits for (the first 8), for a report."""
-        stuck = [w for w in self.workers if not w.done]
+        stuck = [w for w in self.survivors if not w.done]
         shown = "; ".join(f"rank {w.rank} at iteration {w.iteration + 1} waits for "
                           f"{w.waiting_for or 'nothing (it is computing)'}" for w in stuck[:8])
         return shown + (f" (and {len(stuck) - 8} more)" if len(stuck) > 8 else "")
 
     def check_finished(self) -> None:
         """After the event queue ran dry: raise `Deadlock` naming who waits for what."""
-        if any(not w.done for w in self.workers):
+        if any(not w.done for w in self.survivors):
             raise Deadlock(f"deadlock at simulated {self.clock.now:.3f} s: {self.stuck()}")
 
 
@@ -111,7 +178,7 @@ class SimWorker:
             seconds *= self.sim.jitter.compute_factor()
         self._compute_s += seconds - injected
         self._injected_s += injected
-        self.sim.clock.after(seconds, then, *args)
+        self.sim.at(self.rank, self.sim.clock.now + seconds, then, *args)
 
     @property
     def waiting_for(self) -> str:

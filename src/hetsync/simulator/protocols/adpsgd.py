@@ -8,6 +8,11 @@ which sends each reply before receiving the next request. A trainer whose comput
 its reply (or whose step waits for its lock) is blocked until the core grants what it needs.
 In naive mode two workers that request each other wait forever: the event queue runs dry and
 the simulation reports the deadlock with each worker's wait.
+
+A worker declared lost becomes `PeerLost` on every survivor, and `ReplyLost` on one whose
+request awaits its reply with none on the way (the real driver's transfer with the dead
+partner fails and the launcher confirms the loss); a request or a goodbye from it arriving
+afterwards is dropped, as the driver's receiver drops it.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from hetsync.protocols.adpsgd.core import (
     IterationStarted,
     Leave,
     LoadAverage,
+    PeerLost,
+    ReplyLost,
     ReplyReceived,
     RequestReceived,
     SendBye,
@@ -48,12 +55,28 @@ class ADPSGDSimWorker(SimWorker):
         self._partner: int | None = None
         self._left = False
         self._server_done = not (core.passive and core.clients)
+        self._replying: set[int] = set()
+        """Partners whose reply to this worker is on the way."""
 
     def start(self) -> None:
         self._begin(1)
 
     def receive(self, event: Any) -> None:
+        if isinstance(event, (RequestReceived, ByeReceived)) and event.src in self.sim.declared:
+            return  # sent before its sender was lost: it no longer counts
         self._run(self.core.handle(event))
+
+    def _replied(self, event: ReplyReceived) -> None:
+        self._replying.discard(event.src)
+        self.receive(event)
+
+    def lost(self, rank: int) -> None:
+        """`rank` was declared lost (the driver's `_on_lost`, then its failed transfer)."""
+        if self.done:
+            return
+        self.receive(PeerLost(rank=rank))
+        if self.core.awaiting_reply_from == rank and rank not in self._replying:
+            self.receive(ReplyLost(src=rank))
 
     def _begin(self, iteration: int) -> None:
         if self.sim.math is not None:
@@ -85,9 +108,10 @@ class ADPSGDSimWorker(SimWorker):
                     self.peers[client]._reply[self.rank] = math.serve(self.rank, client)
                 arrival = sim.payload_arrival(self.rank, client)
                 sent = arrival - sim.costs.network.nics[self.rank].latency
-                sim.deliver(self.rank, client, arrival, self.peers[client].receive,
+                self.peers[client]._replying.add(self.rank)
+                sim.deliver(self.rank, client, arrival, self.peers[client]._replied,
                             ReplyReceived(src=self.rank))
-                sim.clock.at(sent, self.receive, Served(src=client))
+                sim.at(self.rank, sent, self.receive, Served(src=client))
             elif isinstance(decision, LoadAverage):
                 if math is not None:
                     math.load(self.rank, self._reply.pop(decision.partner))
@@ -133,4 +157,5 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
         workers.append(ADPSGDSimWorker(sim, rank, ADPSGDCore(rank, neighbours, naive, rng)))
     for worker in workers:
         worker.peers = workers
+        sim.subscribe(worker.lost, worker.rank)
     return list(workers)

@@ -4,7 +4,8 @@ Mirrors the real driver (hetsync.protocols.hop.driver): an iteration starts when
 (tokens), sends its model, computes, then aggregates when the core has what it needs. Updates
 are booked on the receiver's ingress with the sender's egress shared among its copies
 (`NetworkModel.deliver`, as Hop's receiver threads book them in emulated runs); tokens are
-control messages.
+control messages. A neighbour declared lost becomes `NeighbourLost`, as the driver's
+`_on_lost` makes it; what it sent before it was lost still arrives and is fed to the core.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hetsync.protocols.hop.core import (
     Drop,
     HopCore,
     NeighbourLeft,
+    NeighbourLost,
     ReadyToStart,
     ReturnTokens,
     SendUpdate,
@@ -49,6 +51,11 @@ class HopWorker(SimWorker):
     def receive(self, event: Any) -> None:
         if not self.done:
             self._run(event)
+
+    def lost(self, rank: int) -> None:
+        """`rank` was declared lost (the driver's `_on_lost`)."""
+        if rank in self.neighbours:
+            self.receive(NeighbourLost(rank=rank))
 
     def _computed(self, iteration: int) -> None:
         math = self.sim.math
@@ -132,4 +139,5 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
         workers.append(HopWorker(sim, rank, core))
     for worker in workers:
         worker.peers = workers
+        sim.subscribe(worker.lost, worker.rank)
     return list(workers)

@@ -14,6 +14,14 @@ through a shared value that plays the control store.
 With `--overlap` the core's decisions say the same as in the real run: a P-Reduce runs beside
 the compute (the worker blocks only where its core returned no step to start), and
 `MergeModels` folds the averaged copy into the model (`MathModel.merge`).
+
+A worker declared lost reaches the Group Generator as `WorkerLost`, through its queue as the
+real driver's watcher puts it there; its messages served afterwards no longer count. A group
+it was in finishes over the survivors (`PReducer.average_surviving`, the mesh P-Reduce that
+real runs use under `--on-failure continue`): its buffer counts if it had joined the P-Reduce
+before it was lost, and the survivors wait for its declaration if it had not. Unlike a real
+run, where a buffer in flight may reach some members and not others, the survivors here
+agree on whom they averaged over.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from hetsync.protocols.prague.group_generator import (
     GroupGeneratorCore,
     GroupRequested,
     WaitTimedOut,
+    WorkerLost,
 )
 from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
@@ -48,21 +57,38 @@ __all__ = ["build_workers"]
 
 
 class Rendezvous:
-    """P-Reduces by key: each starts when its last member arrives, and ends for all at once."""
+    """P-Reduces by key: each starts when its last member arrives, or its last survivor once
+    the lost ones are declared lost, and ends for all at once."""
 
     def __init__(self, sim: Simulation, copies: bool = False) -> None:
         self.sim = sim
         self.copies = copies  # overlap: the P-Reduces average the copies
-        self.preducer = make_preducer(sim.config.preduce if sim.config.preduce != "subgroup"
-                                      else "mesh", 0, sim.world, network=sim.costs.network)
-        self._arrived: dict[object, list[PragueWorker]] = {}
+        kind = sim.config.preduce if sim.config.on_failure == "stop" else "mesh"  # as the driver
+        self.preducer = make_preducer(kind if kind != "subgroup" else "mesh", 0, sim.world,
+                                      network=sim.costs.network)
+        self._arrived: dict[object, tuple[tuple[int, ...], list[PragueWorker]]] = {}
 
     def join(self, key: object, members: tuple[int, ...], worker: PragueWorker) -> None:
-        arrived = self._arrived.setdefault(key, [])
+        arrived = self._arrived.setdefault(key, (members, []))[1]
         arrived.append(worker)
-        if len(arrived) < len(members):
-            return
-        del self._arrived[key]
+        if len(arrived) == len(members) or (self.sim.declared and self._without_lost(key)):
+            self._run(key)
+
+    def lost(self, rank: int) -> None:
+        """`rank` was declared lost: its groups' survivors no longer wait for it."""
+        for key in [key for key, (members, _) in self._arrived.items() if rank in members]:
+            if self._without_lost(key):
+                self._run(key)
+
+    def _without_lost(self, key: object) -> bool:
+        """Whether every member of `key` missing is declared lost."""
+        members, arrived = self._arrived[key]
+        here = {w.rank for w in arrived}
+        return all(m in here or m in self.sim.declared for m in members)
+
+    def _run(self, key: object) -> None:
+        arrived = self._arrived.pop(key)[1]
+        members = tuple(sorted(w.rank for w in arrived))  # whose buffers it averages
         sim = self.sim
         nbytes = sim.costs.payload_bytes
         messages = self.preducer.messages(members, nbytes)
@@ -76,7 +102,7 @@ class Rendezvous:
         sent = nbytes * (len(members) - 1)
         for member in arrived:
             member.charge(network_s=end - now, nbytes=sent)
-            sim.clock.at(end, member.preduced, key)
+            sim.at(member.rank, end, member.preduced, key)
 
 
 class GroupGeneratorService:
@@ -89,11 +115,20 @@ class GroupGeneratorService:
         self.workers: list[PragueWorker] = []
         self.ready_wait = sim.config.ready_wait / 1000.0 if core.policy == "ready" else None
         self._timer = 0
+        self._lost: set[int] = set()
 
     def receive(self, event: Any) -> None:
         self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
 
+    def lost(self, rank: int) -> None:
+        """`rank` was declared lost: the watcher puts it in the generator's queue."""
+        self.receive(WorkerLost(rank=rank))
+
     def _serve(self, event: Any) -> None:
+        if event.rank in self._lost:
+            return  # sent before it was lost: it no longer counts
+        if isinstance(event, WorkerLost):
+            self._lost.add(event.rank)
         self._send(self.core.handle(event))
 
     def _expired(self, timer: int) -> None:
@@ -245,4 +280,6 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
     gg = GroupGeneratorService(sim, group_generator(config))
     workers = [PragueWorker(sim, r, rendezvous, gg, None) for r in range(sim.world)]
     gg.workers = workers
+    sim.subscribe(gg.lost, 0)
+    sim.subscribe(rendezvous.lost)
     return list(workers)

@@ -6,6 +6,9 @@ model, so pushes queue at rank 0's ingress: the incast) and blocks until the rep
 thread takes pushes in arrival order, each for its service time; its core decides what is
 accumulated, applied and answered, and every answer is a payload-sized message from rank 0
 (queueing at its egress). Rank 0's own pushes and replies do not cross the network.
+
+A worker declared lost counts as having said goodbye (the driver's `_on_lost`): rounds stop
+waiting for it, and a push of its served afterwards no longer counts.
 """
 
 from __future__ import annotations
@@ -43,11 +46,26 @@ class ServerThread:
         self.server = Server(sim.service_s["parameter-server"])
         sim.services["parameter_server"] = self.server
         self.workers: list[PSSimWorker] = []
+        self._gone: set[int] = set()
+        """Workers that said goodbye or were lost."""
 
     def receive(self, event: Any) -> None:
         self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
 
-    def _serve(self, event: Any) -> None:
+    def lost(self, rank: int) -> None:
+        """`rank` was declared lost: as a goodbye, unless it said one."""
+        if rank not in self._gone:
+            self._gone.add(rank)
+            self._decide(Bye(rank=rank))
+
+    def _serve(self, event: Push | Bye) -> None:
+        if event.rank in self._gone:
+            return  # sent before its sender was lost: it no longer counts
+        if isinstance(event, Bye):
+            self._gone.add(event.rank)
+        self._decide(event)
+
+    def _decide(self, event: Push | Bye) -> None:
         sim, math = self.sim, self.sim.math
         for decision in self.core.handle(event):
             if isinstance(decision, Accumulate):
@@ -113,4 +131,5 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
     server = ServerThread(sim)
     workers = [PSSimWorker(sim, r, server) for r in range(sim.world)]
     server.workers = workers
+    sim.subscribe(server.lost, 0)
     return list(workers)
