@@ -15,6 +15,14 @@ in real runs; a schedule fails if any of the protocol's promises breaks:
 - the sum of the models is conserved where the protocol promises it (the averaging
   protocols: every weighted average is doubly stochastic).
 
+The `-lose1` variants lose one random worker (never one that hosts a service) at a random
+time, declared lost after a random delay (`Simulation.detection_s`: from at once to the real
+launcher's), and check the same over the survivors: no deadlock or protocol error, every
+survivor completes its iterations, Hop's staleness bound, Prague's global order and agreed
+members, every group run by all its members but the lost one (who it averaged over may
+differ, `average_surviving`). The sum is not checked: the lost worker's model leaves, and
+what of it the survivors had already mixed in stays.
+
 `fuzz(variant, schedules)` returns the counts; tests run a few dozen schedules per variant,
 `experiments/fuzz_protocols.py` a thousand and more (docs/failures.md has the counts).
 """
@@ -22,15 +30,18 @@ in real runs; a schedule fails if any of the protocol's promises breaks:
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from hetsync.config import RunConfig
+from hetsync.cores.errors import ProtocolError
 from hetsync.errors import Deadlock
+from hetsync.protocols.catalog import essential_ranks
 from hetsync.simulator.jitter import Jitter
 from hetsync.simulator.run import SimOptions, build, run_events
+from hetsync.simulator.world import DETECTION_S
 
 __all__ = ["CONSERVING", "VARIANTS", "FuzzResult", "fuzz"]
 
@@ -56,6 +67,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prague-random-overlap": {"protocol": "prague", "gg_policy": "random", "overlap": True},
     "prague-paper-overlap": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
                              "overlap": True},
+    "hop-lose1": {"protocol": "hop", "backup": 1, "on_failure": "continue"},
+    "adpsgd-lose1": {"protocol": "adpsgd", "on_failure": "continue"},
+    "prague-lose1": {"protocol": "prague", "on_failure": "continue"},
+    "prague-paper-lose1": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
+                           "on_failure": "continue"},
+    "ps-async-lose1": {"protocol": "ps", "ps_mode": "async", "on_failure": "continue"},
+    "ps-sync-lose1": {"protocol": "ps", "on_failure": "continue"},
 }
 #: Variants whose averaging conserves the sum of the models (with lr 0); the others replace
 #: models by a server's (ps), drop late updates (backup) or merge unequally (skipping).
@@ -72,6 +90,8 @@ class FuzzResult:
     events: int = 0
     groups: int = 0
     """P-Reduces checked (Prague)."""
+    lost: int = 0
+    """Schedules that lost a worker before it finished (the `-lose1` variants)."""
     failures: list[str] = field(default_factory=list)
     """One line per failed schedule: its seed and what broke."""
 
@@ -83,7 +103,7 @@ def fuzz(variant: str, schedules: int, seed: int = 0, math: bool = True) -> Fuzz
         schedule_seed = seed * 1_000_003 + k
         try:
             result.events, result.groups = _schedule(variant, schedule_seed, math, result)
-        except (Deadlock, AssertionError, RuntimeError, ValueError) as error:
+        except (Deadlock, ProtocolError, AssertionError, RuntimeError, ValueError) as error:
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
             result.failures.append(f"seed {schedule_seed}: {type(error).__name__}: {first}")
         result.schedules += 1
@@ -98,9 +118,15 @@ def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[
                        f"deterministic:ranks={rng.randrange(workers)},factor=4"))
     config = RunConfig(workload="svm", workers=workers, step_time=50.0, slowdown=slow,
                        max_iterations=_ITERATIONS, seed=seed % 2**31, lr=0.0, quiet=True,
-                       **options).validate().resolved()
+                       **options).validate()
+    if config.on_failure == "continue":  # lose one worker during the run: --fault kill
+        victim = rng.choice([r for r in range(workers) if r not in essential_ranks(config)])
+        at_ms = rng.uniform(0.0, _ITERATIONS * config.step_time)
+        config = replace(config, fault=f"kill:rank={victim},at={at_ms:.3f}ms").validate()
+    config = config.resolved()
     sim = build(config, SimOptions(math=math, progress=False))
     sim.jitter = Jitter(seed, message_s=rng.choice((1e-4, 5e-3, 0.03)))
+    sim.detection_s = rng.choice((0.0, 0.01, 0.1, DETECTION_S))
     before = None
     if sim.math is not None:
         sim.math.gradients = False  # lr 0: only averaging moves the models
@@ -108,7 +134,8 @@ def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[
         sim.math.x += torch.randn(sim.math.x.shape, generator=generator)
         before = sim.math.x.sum(0)
     run_events(sim, [], progress=False)
-    done = [len(worker.rows) for worker in sim.workers]
+    result.lost += bool(sim.lost)
+    done = [len(worker.rows) for worker in sim.survivors]
     if options.get("ps_backup"):
         # The stop is agreed at a round: a worker whose gradient was dropped goes on to the
         # round that carries the stop, one iteration past its own, so that every worker ends
@@ -116,7 +143,7 @@ def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[
         assert _ITERATIONS <= max(done) <= _ITERATIONS + 1 and min(done) >= 1, (
             f"iterations completed: {done}")
     else:
-        assert done == [_ITERATIONS] * workers, f"iterations completed: {done}"
+        assert done == [_ITERATIONS] * len(done), f"iterations completed: {done}"
     if options["protocol"] == "hop" and not options.get("skip"):
         bound = options.get("staleness", 0)
         old = max(row["staleness"] for w in sim.workers for row in w.rows)
@@ -130,7 +157,8 @@ def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[
 
 
 def _check_groups(sim: Any) -> int:
-    """Every group run by all its members, in id order on each, with agreed members."""
+    """Every group run by all its members (but a lost one), in id order on each, with agreed
+    members."""
     members: dict[int, tuple[int, ...]] = {}
     ran: dict[int, set[int]] = {}
     for worker in sim.workers:
@@ -146,6 +174,6 @@ def _check_groups(sim: Any) -> int:
                 ran.setdefault(group_id, set()).add(worker.rank)
     if sim.config.schedule != "static":
         for group_id, ranks in ran.items():
-            assert ranks == set(members[group_id]), (
+            assert set(members[group_id]) - ranks <= sim.dead, (
                 f"group {group_id} {members[group_id]} was run by {sorted(ranks)} only")
     return len(ran)

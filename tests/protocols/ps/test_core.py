@@ -21,6 +21,7 @@ from hetsync.protocols.ps.core import (
     ReplyReceived,
     SendBye,
     SendPush,
+    WorkerLost,
 )
 
 
@@ -60,6 +61,37 @@ def test_async_applies_each_push_at_1_over_n_and_reports_its_staleness():
         ranks=(1,), version=2, staleness=1, stop=False)
     assert server.handle(Push(rank=0, version=1, vote=False))[-1].staleness == 1
     assert server.handle(Bye(rank=1)) == []
+
+
+# --- lost workers (--on-failure continue) ------------------------------------------------------
+def test_a_worker_lost_with_its_push_in_the_open_round_leaves_when_that_round_closes():
+    """The fuzzer's seed 4 of ps-sync-lose1: a synchronous worker is lost while its push waits
+    for the round to close. Its gradient counts; the round still waits for every survivor (no
+    survivor's push is dropped with no backup), and later rounds no longer wait for it."""
+    server = PSServerCore(3)
+    server.handle(Push(rank=0, version=0, vote=False))
+    server.handle(Push(rank=2, version=0, vote=False))
+    assert server.handle(WorkerLost(rank=2)) == []
+    assert server.has_left(2)
+    assert server.handle(Push(rank=1, version=0, vote=False)) == [
+        Accumulate(rank=1), Apply(version=1, divisor=3, buffer_divisor=3, lr_scale=1.0),
+        Answer(ranks=(0, 2, 1), version=1, staleness=0, stop=False)]  # rank 2's goes nowhere
+    server.handle(Push(rank=0, version=1, vote=False))
+    assert server.handle(Push(rank=1, version=1, vote=False))[-1].ranks == (0, 1)
+    assert server.dropped == 0
+
+
+def test_a_worker_lost_between_pushes_closes_the_round_that_waited_for_it():
+    server = PSServerCore(3)
+    server.handle(Push(rank=0, version=0, vote=False))
+    server.handle(Push(rank=1, version=0, vote=False))
+    assert server.handle(WorkerLost(rank=2))[-1] == Answer(ranks=(0, 1), version=1,
+                                                             staleness=0, stop=False)
+    assert server.handle(WorkerLost(rank=2)) == []  # declared twice, or after its goodbye
+    async_server = PSServerCore(2, mode="async")
+    async_server.handle(Push(rank=1, version=0, vote=False))
+    assert async_server.handle(WorkerLost(rank=1)) == []
+    assert async_server.has_left(1)
 
 
 def test_server_refuses(assert_refused):

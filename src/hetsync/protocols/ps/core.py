@@ -16,7 +16,10 @@ each worker has at most one push outstanding, and every push is answered exactly
   gradient was computed on. Replies never say stop: workers stop on their own.
 
 A worker that leaves (`Bye`, after its last reply) is no longer waited for by sync rounds; its
-leaving may close the open round. Server events come from workers, so a push that breaks these
+leaving may close the open round. A worker lost from the run (`WorkerLost`, `--on-failure
+continue`) leaves as if it said goodbye, except that a push of its waiting in the open sync
+round still counts: it leaves when that round closes (its reply goes nowhere), so the round
+still waits for every survivor. Server events come from workers, so a push that breaks these
 rules (a second push before its reply, a version the server never had, anything after a `Bye`)
 raises `RemoteProtocolError`.
 
@@ -38,7 +41,7 @@ from hetsync.protocols.ps.rounds import Reply, SyncRounds
 __all__ = [
     "Accumulate", "Answer", "Apply", "Bye", "GradientReady", "Leave", "LoadModel", "PSServerCore",
     "PSState", "PSWorkerCore", "Push", "ReplyReceived", "SendBye", "SendPush", "ServerDecision",
-    "WorkerDecision",
+    "WorkerDecision", "WorkerLost",
 ]
 
 MODES = ("sync", "async")
@@ -58,6 +61,13 @@ class Push:
 @dataclass(**_frozen)
 class Bye:
     """`rank` left the run (after its last reply)."""
+
+    rank: int
+
+
+@dataclass(**_frozen)
+class WorkerLost:
+    """`rank` was lost from the run (`--on-failure continue`), maybe with its push unanswered."""
 
     rank: int
 
@@ -154,7 +164,7 @@ class PSState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class PSServerCore(Core[Push | Bye, ServerDecision]):
+class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
     """The parameter server's decisions (see the module doc)."""
 
     def __init__(self, world: int, mode: str = "sync", backup: int = 0) -> None:
@@ -169,6 +179,7 @@ class PSServerCore(Core[Push | Bye, ServerDecision]):
         self.state = PSState.SERVING
         self._awaiting = bytearray(world)  # 1: the rank's push is unanswered
         self._left = bytearray(world)
+        self._lost_in_round: set[int] = set()  # lost with a push in the open round
 
     @property
     def dropped(self) -> int:
@@ -182,7 +193,9 @@ class PSServerCore(Core[Push | Bye, ServerDecision]):
     def who(self) -> str:
         return "ps server"
 
-    def _handle(self, event: Push | Bye) -> list[ServerDecision]:
+    def _handle(self, event: Push | Bye | WorkerLost) -> list[ServerDecision]:
+        if isinstance(event, WorkerLost):
+            return self._lost(event)
         if not isinstance(event, Push | Bye):
             raise LocalProtocolError(f"ps server: unknown event {event!r}")
         rank = event.rank
@@ -211,11 +224,27 @@ class PSServerCore(Core[Push | Bye, ServerDecision]):
                       lr_scale=1.0 / self.world),
                 Answer(ranks=(rank,), version=self.version, staleness=staleness, stop=False)]
 
+    def _lost(self, event: WorkerLost) -> list[ServerDecision]:
+        rank = event.rank
+        if not 0 <= rank < self.world:
+            raise RemoteProtocolError(f"ps server: {event!r}: no such rank")
+        if self._left[rank]:
+            return []  # it had said goodbye
+        self._left[rank] = 1
+        if self._awaiting[rank]:  # sync: its push waits in the open round (async answers at once)
+            self._lost_in_round.add(rank)
+            return []
+        return self._answer(self.rounds.leave()) if self.sync else []
+
     def _answer(self, reply: Reply | None) -> list[ServerDecision]:
         if reply is None:
             return []
         for rank in reply.ranks:
             self._awaiting[rank] = 0
+            if rank in self._lost_in_round:  # its round closed: now it leaves
+                self._lost_in_round.discard(rank)
+                empty = self.rounds.leave()
+                assert empty is None  # the round just closed has no members yet
         answer = Answer(ranks=reply.ranks, version=reply.version, staleness=reply.staleness,
                         stop=reply.stop)
         if not reply.applied:

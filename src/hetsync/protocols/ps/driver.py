@@ -57,7 +57,8 @@ of the round's batches, as one running statistic over the round would.
 Shutdown: in `close()` every remote worker sends BYE; the thread exits after one BYE per
 remote rank, and rank 0's `close()` waits for that, so no p2p is in flight at SyncOptimizer's
 final barrier. A worker lost from the run (`--on-failure continue`) counts as having said BYE
-(a reply to it that fails is dropped once the launcher confirms the loss). A worker that
+(`WorkerLost`: a push of its in the open sync round still counts; a reply to it that fails is
+dropped once the launcher confirms the loss). A worker that
 leaves is no longer waited for by sync rounds. No worker waits at
 shutdown with backups either: a late push after the stop round is answered at once, with
 stop.
@@ -97,6 +98,7 @@ from hetsync.protocols.ps.core import (
     ReplyReceived,
     SendPush,
     ServerDecision,
+    WorkerLost,
 )
 from hetsync.transport.flat import unflatten_into
 from hetsync.transport.lost_workers import LostWorkers, unless_lost
@@ -214,12 +216,13 @@ class _Server:
             self._check()
 
     def _on_lost(self, rank: int) -> None:
-        """The launcher declared `rank` lost: rounds stop waiting for it, as for a BYE."""
+        """The launcher declared `rank` lost: rounds stop waiting for it, as for a BYE (once
+        the open round closes, if its push is in it)."""
         with self.cond:
             if rank not in self.remote:
                 return
             self.remote.discard(rank)
-            sends = self._leave(rank)
+            sends = self._execute(self.core.handle(WorkerLost(rank=rank)), None)
             self.cond.notify_all()
         self._send(sends)
 

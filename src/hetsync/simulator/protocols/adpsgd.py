@@ -55,8 +55,8 @@ class ADPSGDSimWorker(SimWorker):
         self._partner: int | None = None
         self._left = False
         self._server_done = not (core.passive and core.clients)
-        self._replying: set[int] = set()
-        """Partners whose reply to this worker is on the way."""
+        self._answered: set[int] = set()
+        """Partners whose reply to this worker was sent, until it is loaded."""
 
     def start(self) -> None:
         self._begin(1)
@@ -66,16 +66,12 @@ class ADPSGDSimWorker(SimWorker):
             return  # sent before its sender was lost: it no longer counts
         self._run(self.core.handle(event))
 
-    def _replied(self, event: ReplyReceived) -> None:
-        self._replying.discard(event.src)
-        self.receive(event)
-
     def lost(self, rank: int) -> None:
         """`rank` was declared lost (the driver's `_on_lost`, then its failed transfer)."""
         if self.done:
             return
         self.receive(PeerLost(rank=rank))
-        if self.core.awaiting_reply_from == rank and rank not in self._replying:
+        if self.core.awaiting_reply_from == rank and rank not in self._answered:
             self.receive(ReplyLost(src=rank))
 
     def _begin(self, iteration: int) -> None:
@@ -108,11 +104,12 @@ class ADPSGDSimWorker(SimWorker):
                     self.peers[client]._reply[self.rank] = math.serve(self.rank, client)
                 arrival = sim.payload_arrival(self.rank, client)
                 sent = arrival - sim.costs.network.nics[self.rank].latency
-                self.peers[client]._replying.add(self.rank)
-                sim.deliver(self.rank, client, arrival, self.peers[client]._replied,
+                self.peers[client]._answered.add(self.rank)
+                sim.deliver(self.rank, client, arrival, self.peers[client].receive,
                             ReplyReceived(src=self.rank))
                 sim.at(self.rank, sent, self.receive, Served(src=client))
             elif isinstance(decision, LoadAverage):
+                self._answered.discard(decision.partner)
                 if math is not None:
                     math.load(self.rank, self._reply.pop(decision.partner))
             elif isinstance(decision, Step):

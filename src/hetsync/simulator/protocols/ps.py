@@ -7,8 +7,8 @@ thread takes pushes in arrival order, each for its service time; its core decide
 accumulated, applied and answered, and every answer is a payload-sized message from rank 0
 (queueing at its egress). Rank 0's own pushes and replies do not cross the network.
 
-A worker declared lost counts as having said goodbye (the driver's `_on_lost`): rounds stop
-waiting for it, and a push of its served afterwards no longer counts.
+A worker declared lost becomes `WorkerLost`, as the driver's `_on_lost` makes it: rounds
+stop waiting for it, and a push of its served afterwards no longer counts.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from hetsync.protocols.ps.core import (
     ReplyReceived,
     SendBye,
     SendPush,
+    WorkerLost,
 )
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
@@ -53,10 +54,10 @@ class ServerThread:
         self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
 
     def lost(self, rank: int) -> None:
-        """`rank` was declared lost: as a goodbye, unless it said one."""
+        """`rank` was declared lost, unless it said goodbye (the driver's `_on_lost`)."""
         if rank not in self._gone:
             self._gone.add(rank)
-            self._decide(Bye(rank=rank))
+            self._decide(WorkerLost(rank=rank))
 
     def _serve(self, event: Push | Bye) -> None:
         if event.rank in self._gone:
@@ -65,7 +66,7 @@ class ServerThread:
             self._gone.add(event.rank)
         self._decide(event)
 
-    def _decide(self, event: Push | Bye) -> None:
+    def _decide(self, event: Push | Bye | WorkerLost) -> None:
         sim, math = self.sim, self.sim.math
         for decision in self.core.handle(event):
             if isinstance(decision, Accumulate):
