@@ -42,6 +42,21 @@ def test_a_killed_worker_is_left_out_and_the_others_go_on(protocol, options, tmp
     assert final and final[0]["ranks"] == [0, 1, 2]  # the consensus of the survivors
 
 
+def test_a_synchronous_server_goes_on_without_a_worker_lost_with_its_push_in_a_round(tmp_path):
+    """Rank 1 computes 2 s per iteration and the others 0.5 s, so rank 3's push waits in the
+    round when it is killed (0.8 s) and still when the launcher declares it lost (about 1.6 s):
+    before PSServerCore's WorkerLost, the server took the loss for a goodbye with its push
+    unanswered and failed the run."""
+    out = tmp_path / "ps"
+    result = run(RunConfig(protocol="ps", out=out, fault="kill:rank=3,at=0.8s",
+                           slowdown="deterministic:ranks=1,factor=4",
+                           **{**_RUN, "step_time": 500.0, "max_time": 6.0, "hang_timeout": 6.0}))
+    summary = result.summary
+    assert summary["stop_reason"] == "max_time"
+    assert [w["rank"] for w in summary["lost_workers"]] == [3]
+    assert min(summary["iterations"][r] for r in range(3)) > summary["iterations"][3]
+
+
 def test_a_stopped_worker_is_killed_and_left_out(tmp_path):
     out = tmp_path / "run"
     result = run(RunConfig(protocol="hop", backup=1, out=out, fault="stop:rank=2,at=1s",

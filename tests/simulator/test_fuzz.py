@@ -16,6 +16,8 @@ def test_random_schedules_keep_every_promise(variant):
     assert result.schedules == 40 and result.events > 1000
     if variant.startswith("prague"):
         assert result.groups > 100
+    if variant.endswith("-lose1"):  # a worker lost before it finished, in most schedules
+        assert result.lost >= 30
 
 
 def test_the_fuzzer_reports_a_deadlock_with_its_seed(monkeypatch):
