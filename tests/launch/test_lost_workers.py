@@ -42,6 +42,7 @@ def test_a_killed_worker_is_left_out_and_the_others_go_on(protocol, options, tmp
     assert final and final[0]["ranks"] == [0, 1, 2]  # the consensus of the survivors
 
 
+@pytest.mark.slow  # the core's unit test and the ps-sync-lose1 fuzz variant cover it in CI
 def test_a_synchronous_server_goes_on_without_a_worker_lost_with_its_push_in_a_round(tmp_path):
     """Rank 1 computes 2 s per iteration and the others 0.5 s, so rank 3's push waits in the
     round when it is killed (0.8 s) and still when the launcher declares it lost (about 1.6 s):
