@@ -277,6 +277,10 @@ class SyncOptimizer(torch.optim.Optimizer):
         iteration = self._resumed_at + step.iteration
         factor = self._slowdown.factor(self.runtime.rank, iteration)
         pad, delay = pacing(compute, self._step_time_s, factor)
+        if pad + delay > self.runtime.config.hang_timeout / 4:
+            # A long emulated compute (a large factor on a warm-up iteration) is no hang: tell
+            # the launcher how long this worker will be silent.
+            self._heartbeat("delay", f" {pad + delay:.3f}")
         if pad + delay > 0:
             time.sleep(pad + delay)
         step.compute_s, step.injected_delay_s = compute + pad, delay
@@ -352,10 +356,10 @@ class SyncOptimizer(torch.optim.Optimizer):
             self._snapshots.maybe_snapshot(self._raw_model, elapsed, self.iteration)
         self._heartbeat("compute")
 
-    def _heartbeat(self, phase: str) -> None:
+    def _heartbeat(self, phase: str, extra: str = "") -> None:
         if self.runtime.launched:
             rt = self.runtime
-            rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}")
+            rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}{extra}")
 
 
 def prepare(

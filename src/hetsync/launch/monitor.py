@@ -157,21 +157,26 @@ class Monitor:
             return  # a script that does not use hetsync's loop: gloo's own timeouts apply
         now = time.monotonic()
         live = [r for r, c in enumerate(codes) if c is None]
-        stalled = []
+        stalled, active = [], 0
         for rank in live:
-            phase = self._beats.get(rank, "0 starting 0").split()[1]
-            if phase in ("closing", "done"):
+            beat = self._beats.get(rank, "0 starting 0").split()
+            if beat[1] in ("closing", "done"):
                 continue
+            active += 1
             limit = self.hang_timeout if rank in self._changed else STARTUP_ALLOWANCE_S
+            if beat[1] == "delay":  # an emulated compute of the seconds it announced
+                limit += float(beat[3])
             if now - self._changed.get(rank, self.started) > limit:
                 stalled.append(rank)
         if not stalled:
             return
-        if self.output is not None:
-            self.output.mute()
         progress = self.progress()
         stopped = [r for r in live if _process_state(self.procs[r].pid) in ("T", "t")]
         computing = [r for r in stalled if progress.phases[r] != "sync"]
+        if not stopped and not computing and len(stalled) < active:
+            return  # they wait for a worker that still makes progress: slow, not deadlocked
+        if self.output is not None:
+            self.output.mute()
         if stopped:  # a stopped process cannot answer for its stack: the kernel says it
             rank = stopped[0]
             raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) at iteration "

@@ -1,0 +1,57 @@
+"""The launcher's hang rules on real processes and a real store, with the workers' heartbeats
+written by the test: a worker that announced a long emulated compute is not hung, and peers
+waiting for a worker that still makes progress are not deadlocked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from hetsync.errors import WorkerFailed
+from hetsync.launch.monitor import Monitor
+
+_IDLE = [sys.executable, "-c",
+         "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); time.sleep(60)"]
+
+
+@pytest.fixture
+def monitor(tmp_path):
+    procs = [subprocess.Popen(_IDLE) for _ in range(3)]
+    yield Monitor(procs=procs, store=dist.HashStore(), log_dir=tmp_path, hang_timeout=0.5)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def _beat(monitor: Monitor, beats: dict[int, str]) -> None:
+    for rank, beat in beats.items():
+        monitor.store.set(f"hb/{rank}", beat)
+
+
+def test_a_worker_that_announced_a_long_emulated_compute_is_not_hung(monitor):
+    _beat(monitor, {0: "3 compute 1.0", 1: "3 delay 1.0 2.0", 2: "3 compute 1.0"})
+    assert monitor.check() is False
+    _beat(monitor, {0: "3 sync 1.2", 2: "3 sync 1.2"})  # its peers wait for it
+    time.sleep(1.0)  # past --hang-timeout, within the announced 2 s
+    assert monitor.check() is False
+
+
+def test_peers_in_sync_are_not_deadlocked_while_one_worker_makes_progress(monitor):
+    _beat(monitor, {0: "3 sync 1.0", 1: "3 compute 1.0", 2: "3 sync 1.0"})
+    monitor.check()
+    for k in range(4):  # rank 1 beats every 0.25 s; ranks 0 and 2 wait in sync for 1 s
+        time.sleep(0.25)
+        _beat(monitor, {1: f"{4 + k} compute {1.25 + k / 4}"})
+        assert monitor.check() is False
+
+
+def test_every_worker_stalled_in_sync_is_a_deadlock(monitor):
+    _beat(monitor, {0: "3 sync 1.0", 1: "2 sync 1.0", 2: "3 sync 1.0"})
+    monitor.check()
+    time.sleep(0.7)
+    with pytest.raises(WorkerFailed, match="worker rank 1 is furthest behind in a deadlock"):
+        monitor.check()
