@@ -24,6 +24,7 @@ def test_results_json_has_every_figure_per_protocol_and_setting(suite_dir):
     results = json.loads((suite_dir / "results.json").read_text())
     assert results["runs_done"] == results["runs_total"] == 6
     assert [s["name"] for s in results["settings"]] == ["homogeneous", "one 5x slow"]
+    assert [s["step_time"] for s in results["settings"]] == [50.0, 50.0]  # what the runs used
     for setting in results["settings"]:
         assert [row["label"] for row in setting["results"]] == ["allreduce", "ddp", "hop-skip"]
         for row in setting["results"]:
@@ -43,6 +44,7 @@ def test_results_md_has_tables_and_plots(suite_dir):
     text = (suite_dir / "results.md").read_text()
     assert text.count("| protocol | time to target (s) | speed-up vs allreduce |") == 2
     assert "--suite smoke --workload svm --max-time 3" in text
+    assert text.count("workers, 50 ms emulated compute per iteration, slowdown") == 2
     images = [line.split("](")[1].rstrip(")") for line in text.splitlines()
               if line.startswith("![")]
     assert "plots/speedup_vs_allreduce.png" in images

@@ -155,8 +155,8 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
     sections = [
         f"# hetsync bench: suite `{results['suite']}`\n",
         f"Suite: {results['description']}. Regenerate with `{command}`.\n",
-        f"Workload {o['workload']}, {o['step_time']:g} ms emulated compute per iteration, "
-        f"target loss {target}, at most {results['max_time_s']:g} s per run, "
+        f"Workload {o['workload']}, target loss {target}, at most {results['max_time_s']:g} s "
+        "per run, "
         f"{o['repeats']} repeat(s) (seeds {o['seed']}..{o['seed'] + o['repeats'] - 1}; medians "
         f"shown), {results['runs_done']} of {results['runs_total']} runs done. Speed-ups are "
         "ratios of time to target; \"≥\" marks a bound where the baseline never reached the "
@@ -183,7 +183,8 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
                     "loss from the workload's real model)." if network != "none" else "")
         sections += [
             f"## {setting['name']}\n",
-            f"{setting['workers']} workers, slowdown `{setting['slowdown']}`.{emulated}\n",
+            f"{setting['workers']} workers, {setting.get('step_time') or o['step_time']:g} ms "
+            f"emulated compute per iteration, slowdown `{setting['slowdown']}`.{emulated}\n",
             setting_table(setting),
             # A simulated suite's runs have up to thousands of workers: its scaling figure
             # says what per-run figures would, which would take minutes to draw.

@@ -92,6 +92,7 @@ def collect_setting(setting: Setting, suite: Suite, runs: list[PlannedRun],
     first = runs[0].config if runs else None
     return {
         "name": setting.name,
+        "step_time": first.step_time if first else setting.step_time,
         "slowdown": setting.slowdown,
         "network": first.network if first else setting.network,
         "payload": first.payload if first else setting.payload,
