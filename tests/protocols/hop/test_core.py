@@ -63,12 +63,18 @@ def test_standard_iteration_takes_tokens_sends_collects_and_returns_tokens():
     assert core.state is State.IDLE and core.iteration == 2
 
 
-def test_a_worker_out_of_tokens_waits_for_the_slow_out_neighbour():
+def _computed_iteration_1_without_tokens() -> HopCore:
+    """Rank 1 of a ring with `max_gap` 1, iteration 1 aggregated, no token back yet."""
     core = ring_core(max_gap=1)
     core.handle(ReadyToStart())
     core.handle(UpdateReceived(src=0, tag=1))
     core.handle(UpdateReceived(src=2, tag=1))
     core.handle(ComputeFinished(iteration=1))
+    return core
+
+
+def test_a_worker_out_of_tokens_waits_for_the_slow_out_neighbour():
+    core = _computed_iteration_1_without_tokens()
     assert core.handle(ReadyToStart()) == [Wait(iteration=2, tokens=(0, 2))]
     assert core.handle(TokensReceived(src=0)) == [Wait(iteration=2, tokens=(2,))]
     assert core.handle(TokensReceived(src=2)) == [StartIteration(iteration=2),
@@ -496,11 +502,7 @@ def test_does_not_wait_for_the_update_a_lost_neighbours_tokens_promise():
 
 
 def test_blocked_on_a_lost_out_neighbours_tokens_goes_on():
-    core = ring_core(max_gap=1)
-    core.handle(ReadyToStart())
-    core.handle(UpdateReceived(src=0, tag=1))
-    core.handle(UpdateReceived(src=2, tag=1))
-    core.handle(ComputeFinished(iteration=1))
+    core = _computed_iteration_1_without_tokens()
     core.handle(TokensReceived(src=0))
     assert core.handle(ReadyToStart())[-1] == Wait(iteration=2, tokens=(2,))
     assert core.handle(NeighbourLost(rank=2))[-2:] == [StartIteration(iteration=2),
