@@ -39,6 +39,9 @@ ENV_CONFIG = "HETSYNC_CONFIG"
 #: Torch threads per worker, overriding `thread_count`'s choice.
 ENV_THREADS = "HETSYNC_THREADS"
 PG_TIMEOUT = datetime.timedelta(seconds=120)
+#: Without hetsync's launcher (torchrun, a script's own processes), how long a finished worker
+#: waits at the end for the others: long, since a slow worker may finish much later.
+END_WAIT_S = 3600.0
 
 
 @dataclass
@@ -104,24 +107,26 @@ class Runtime:
     def leave_together(self) -> None:
         """Wait until every other worker still in the run has finished too: a rank tearing
         down its gloo pairs while a peer still uses them made the peer abort at exit now and
-        then. A barrier, or, where workers may be lost, the same over the control store
-        among those not lost."""
+        then. Over the control store, among the workers not lost, and not with a barrier:
+        where workers stop independently (Prague's Group Generator, Hop's skips, AD-PSGD, the
+        asynchronous server) a fast worker may finish long before a slow one, and gloo's
+        barrier gives up after the process group's timeout. Under hetsync's launcher the
+        wait has no deadline: the launcher sees the others' progress and ends a real hang
+        itself, naming the hung worker (a finished one is never counted as hung); without
+        it, the wait gives up after `END_WAIT_S`, naming the ranks it waited for."""
         if self.world_size == 1:
             return
-        if self.lost is None:
-            dist.barrier()
-            return
         self.store.set(f"left/{self.rank}", "")
-        deadline = time.monotonic() + PG_TIMEOUT.total_seconds()
+        began = time.monotonic()
         while True:
-            lost = self.lost.refresh()
+            lost = self.lost.refresh() if self.lost is not None else frozenset()
             waiting = [r for r in range(self.world_size)
                        if r not in lost and not self.store.check([f"left/{r}"])]
             if not waiting:
                 return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {self.rank} waited {PG_TIMEOUT.total_seconds():g} s "
-                                   f"at the end of the run for ranks {waiting} to finish")
+            if not self.launched and time.monotonic() - began > END_WAIT_S:
+                raise TimeoutError(f"rank {self.rank} waited {END_WAIT_S:g} s at the end of the "
+                                   f"run for ranks {waiting} to finish")
             time.sleep(0.05)
 
     def receive_any(self, buffer: torch.Tensor, tag: int,
