@@ -15,6 +15,13 @@ checkpoint's time (so the rows' `t` increases on every worker and the workers' c
 as the evaluator's snapshot sets and the emulated network need). Each worker keeps its rows
 up to its checkpoint and drops the later ones; `eval.jsonl` keeps the evaluations up to the
 earliest checkpoint.
+
+Workers the run lost (`--on-failure continue`, the summary's `lost_workers`) stay lost: a
+worker that comes back does not rejoin (docs/failures.md), and its checkpoint, if it has one,
+is older than the survivors' by the time since its loss. The resume goes on with the
+survivors only (the launcher spawns the lost ranks to form the process group and declares
+them lost from the start), trims by the survivors' checkpoints, and keeps the loss in the new
+summary; a protocol that cannot go on without them is refused in one line.
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ import torch
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.metrics.atomic import replacing, write_text
+from hetsync.protocols.catalog import essential_ranks
 
-__all__ = ["ENV_RESUME_AT", "Checkpointer", "Resume", "checkpoint_path", "prepare_resume",
-           "resume_config"]
+__all__ = ["ENV_RESUME_AT", "Checkpointer", "Resume", "checkpoint_path", "lost_before",
+           "prepare_resume", "resume_config"]
 
 #: Set by the launcher on a resumed run: the run time (s) at which every worker goes on.
 ENV_RESUME_AT = "HETSYNC_RESUME_AT"
@@ -103,29 +111,56 @@ def _plain(value: object) -> object:
 @dataclass(frozen=True, slots=True)
 class Resume:
     """Where a resumed run goes on: every worker at run time `at_s`, each from its own
-    checkpoint's iteration."""
+    checkpoint's iteration (None: a rank lost before the resume, which does not go on)."""
 
     at_s: float
-    iterations: list[int]
+    iterations: list[int | None]
 
 
-def prepare_resume(run_dir: Path, workers: int) -> Resume:
-    """Check every worker's checkpoint and trim what the run recorded after the checkpoints;
-    return where the workers go on (the latest checkpoint's run time)."""
-    missing = [r for r in range(workers) if not checkpoint_path(run_dir, r).is_file()]
+def lost_before(run_dir: Path, config: RunConfig) -> list[dict[str, Any]]:
+    """The workers the run in `run_dir` lost (its summary's `lost_workers` entries), which a
+    resume goes on without; refused in one line where the protocol cannot."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return []
+    lost = list(summary.get("lost_workers") or []) if isinstance(summary, dict) else []
+    if not lost:
+        return []
+    ranks = sorted(int(w["rank"]) for w in lost)
+    named = ", ".join(map(str, ranks))
+    try:
+        essential = (essential_ranks(config) if config.on_failure == "continue"
+                     else frozenset(ranks))
+    except ConfigError as error:
+        raise ConfigError(f"--resume {run_dir}: the run lost rank {named}, and {error}") from None
+    needed = sorted(essential & set(ranks))
+    if needed:
+        raise ConfigError(f"--resume {run_dir}: the run lost rank {named}, and "
+                          f"{config.protocol} cannot go on without rank "
+                          f"{', '.join(map(str, needed))}")
+    return lost
+
+
+def prepare_resume(run_dir: Path, workers: int, lost: frozenset[int] = frozenset()) -> Resume:
+    """Check the checkpoint of every worker not `lost` and trim what the run recorded after
+    the checkpoints; return where the workers go on (the latest checkpoint's run time)."""
+    survivors = [r for r in range(workers) if r not in lost]
+    missing = [r for r in survivors if not checkpoint_path(run_dir, r).is_file()]
     if missing:
         ranks = ", ".join(map(str, missing))
         raise ConfigError(f"--resume {run_dir}: no checkpoint of rank {ranks} "
                           f"(checkpoints/rank{missing[0]}.pt): it failed before its first one")
-    times, iterations = [], []
-    for rank in range(workers):
+    times: list[float] = []
+    iterations: list[int | None] = [None] * workers
+    for rank in survivors:
         try:
             saved = torch.load(checkpoint_path(run_dir, rank), mmap=True, weights_only=False)
         except Exception as error:  # noqa: BLE001 - any unreadable file gets the same line
             raise ConfigError(f"--resume {run_dir}: checkpoints/rank{rank}.pt cannot be read "
                               f"({error})") from None
         times.append(float(saved["t"]))
-        iterations.append(int(saved["iteration"]))
+        iterations[rank] = int(saved["iteration"])
     _trim_evaluations(run_dir / "eval.jsonl", min(times))
     shutil.rmtree(run_dir / "snapshots", ignore_errors=True)  # the run before's, unevaluated
     return Resume(at_s=max(times), iterations=iterations)

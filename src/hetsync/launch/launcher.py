@@ -33,13 +33,14 @@ from hetsync.api import STOP_KEY
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
-from hetsync.launch.checkpoint import ENV_RESUME_AT, prepare_resume
+from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.protocols.catalog import essential_ranks
+from hetsync.transport.lost_workers import LOST_KEY
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
 from hetsync.workloads import get_workload
 
@@ -65,8 +66,10 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     with RunLock(run_dir):
         extra: dict[str, Any] = {}
         if resume:
-            at = prepare_resume(run_dir, config.workers)
+            lost = lost_before(run_dir, config)
+            at = prepare_resume(run_dir, config.workers, frozenset(w["rank"] for w in lost))
             extra["resumed_from"] = [*_earlier_resumes(run_dir), dataclasses.asdict(at)]
+            extra["lost_workers"] = lost
             config.out = run_dir
             (run_dir / "config.json").write_text(config.to_json() + "\n")
             (run_dir / "logs").mkdir(exist_ok=True)
@@ -113,13 +116,15 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
         timeout=datetime.timedelta(seconds=60),
     )
     control = dist.PrefixStore("hetsync", store)
+    lost: list[dict[str, Any]] = extra.setdefault("lost_workers", [])
+    before = {w["rank"]: WorkerFailed(w["rank"], w["reason"]) for w in lost}
+    if before:  # lost before this resume: spawned to form the group, lost from the start
+        control.set(LOST_KEY, ",".join(str(r) for r in sorted(before)))
     resume = extra.get("resumed_from")
     procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None)
     output = OutputRelay(procs, run_dir / "logs")
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
-    lost: list[dict[str, Any]] = []
-    extra["lost_workers"] = lost
 
     def on_lost(rank: int, failure: WorkerFailed) -> None:
         elapsed = clock.elapsed()
@@ -128,9 +133,12 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
         if evaluation is not None:
             evaluation.evaluator.lose(rank)
 
+    if evaluation is not None:
+        for rank in before:
+            evaluation.evaluator.lose(rank)
     essential = essential_ranks(config) if config.on_failure == "continue" else None
     monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output,
-                      essential=essential, on_lost=on_lost)
+                      essential=essential, on_lost=on_lost, lost=before)
     bar = _progress_bar(config)
     faults = FaultPlan(parse_faults(config.fault))
     try:

@@ -22,6 +22,8 @@ from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, Checkpointer, checkpoint_path
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
+from hetsync.transport.lost_workers import LOST_KEY
+from hetsync.transport.runtime import Runtime
 from hetsync.workloads import Shard, get_workload
 
 
@@ -41,6 +43,8 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         momentum=config.momentum if config.momentum is not None else workload.momentum,
     )
     opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
+    if _lost_before_resume(runtime):
+        os._exit(0)  # leave at once, as a lost worker left: no steps, rows or snapshots
     epoch, batch = _resume(opt, model) if ENV_RESUME_AT in os.environ else (0, 0)
     batches = shard.batches(data.train_x, data.train_y, batch_size, epoch, batch)
     drawn = epoch * shard.batches_per_epoch(batch_size) + batch
@@ -77,6 +81,16 @@ def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int])
         "data": {"epoch": position[0], "batch": position[1]},
         "rng": torch.get_rng_state(),
     }
+
+
+def _lost_before_resume(runtime: Runtime) -> bool:
+    """Whether this rank is one that the run lost before this resume: the launcher spawned
+    it so that every rank forms the process group (and the model's broadcast and the clock's
+    barrier in building the optimizer), and declared it lost from the start."""
+    store = runtime.store
+    return (ENV_RESUME_AT in os.environ and runtime.lost is not None
+            and store.check([LOST_KEY])
+            and str(runtime.rank) in store.get(LOST_KEY).decode().split(","))
 
 
 def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:

@@ -87,6 +87,8 @@ class Runtime:
         if self.rank == 0:
             self.store.set("t0", repr(time.time()))
         self.t0 = float(self.store.get("t0").decode())
+        if self.lost is not None:  # ranks lost before the start (a resume): known before step 1
+            self.lost.refresh()
         self.clock_started.set()
 
     def before_send(self) -> None:
