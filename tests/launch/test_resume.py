@@ -14,7 +14,11 @@ from hetsync.metrics.summary import read_jsonl
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize(("protocol", "workers"), [("allreduce", 2), ("hop", 3)])
+@pytest.mark.parametrize(("protocol", "workers"), [
+    ("allreduce", 2),
+    ("hop", 3),
+    pytest.param("prague", 3, marks=pytest.mark.slow),  # overlapped (the default)
+])
 def test_a_killed_run_resumes_from_its_checkpoints(protocol, workers, tmp_path):
     out = tmp_path / protocol
     with pytest.raises(WorkerFailed):
