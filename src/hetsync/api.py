@@ -165,6 +165,8 @@ class SyncOptimizer(torch.optim.Optimizer):
                 "hetsync: step() after the run stopped; end the loop when "
                 "optimizer.should_stop is set (optimizer.iterate() does)"
             )
+        if self.runtime.lost is not None:
+            self.runtime.lost.raise_error()  # the protocol missed a loss: it may wait for good
         self._unscale()
         self.protocol.before_optimizer_step(step)
         if not step.skip_optimizer_step:
@@ -208,6 +210,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             self._log.close()
         self._heartbeat("closing")  # a protocol may wait here for its neighbours to stop
         self.protocol.close()
+        if self.runtime.lost is not None:
+            self.runtime.lost.raise_error()
         if self._snapshots is not None:  # after close(): a passive AD-PSGD worker serves until
             self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)
         if self.runtime.launched:

@@ -13,12 +13,20 @@ store (hetsync.launch.monitor). A worker's protocol learns of them here, two way
 
 A peer's process can die before the launcher notices (its connections close at once), so a
 failed transfer always asks; a peer that stops answering is only known from the launcher.
+
+Callbacks run on the watcher thread only, never inside `confirm()` or `refresh()`: those are
+called from a protocol's transfers, which may hold a lock that the protocol's callback takes
+(the parameter server sends its replies under one, and its callback sends replies too). A
+callback that raises is reported on stderr with its traceback and kept in `error`, which the
+training loop raises (`raise_error()`); the watcher goes on telling the other subscribers.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -55,25 +63,32 @@ class LostWorkers:
         self.confirm_timeout = confirm_timeout
         """How long a failed transfer waits for the launcher's word: its detection time."""
         self.ranks: frozenset[int] = frozenset()
+        self.error: BaseException | None = None
+        """The first exception a subscriber's callback raised."""
+        self._told: set[int] = set()  # the ranks the watcher has told its subscribers of
         self._subscribers: list[Callable[[int], None]] = []
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
 
     def refresh(self) -> frozenset[int]:
-        """Read the store now; tell subscribers of the ranks new since the last read."""
+        """Read the store now: the ranks lost so far (their subscribers are told by the
+        watcher thread, not here)."""
         with self._lock:
             value = self._store.get(LOST_KEY).decode() if self._store.check([LOST_KEY]) else ""
-            now = frozenset(int(r) for r in value.split(",") if r)
-            new, self.ranks = sorted(now - self.ranks), now | self.ranks
-            subscribers = list(self._subscribers)
-        for rank in new:
-            for callback in subscribers:
-                callback(rank)
-        return self.ranks
+            self.ranks |= frozenset(int(r) for r in value.split(",") if r)
+            return self.ranks
+
+    def raise_error(self) -> None:
+        """Raise the error of a subscriber's callback, if one failed: the protocol missed a
+        loss, so it may wait for the lost worker for good."""
+        if self.error is not None:
+            raise RuntimeError(f"hetsync: reacting to a lost worker failed: {self.error!r} "
+                               "(traceback on stderr)") from self.error
 
     def subscribe(self, callback: Callable[[int], None]) -> None:
-        """Call `callback(rank)` (from a watcher thread) for each rank lost from now on."""
+        """Call `callback(rank)` from the watcher thread, once for each rank lost from now
+        on; never from another thread, so it may take the caller's locks."""
         with self._lock:
             self._subscribers.append(callback)
             start = self._thread is None
@@ -86,8 +101,8 @@ class LostWorkers:
 
     def confirm(self, rank: int, error: BaseException) -> None:
         """A transfer with `rank` failed with `error`: return once the launcher has declared
-        `rank` lost (the caller goes on without it); raise `error` if it does not within
-        `confirm_timeout`."""
+        `rank` lost (the caller goes on without it; subscribers hear of it from the watcher
+        thread); raise `error` if it does not within `confirm_timeout`."""
         deadline = time.monotonic() + self.confirm_timeout
         while rank not in self.refresh():
             if time.monotonic() > deadline:
@@ -119,6 +134,22 @@ class LostWorkers:
     def _watch(self) -> None:
         while not self._closed.wait(POLL_S):
             try:
-                self.refresh()
+                lost = self.refresh()
             except Exception:  # noqa: BLE001 - the store is gone: the run is ending
                 return
+            with self._lock:
+                subscribers = list(self._subscribers)
+            for rank in sorted(lost - self._told):
+                self._told.add(rank)
+                for callback in subscribers:
+                    self._call(callback, rank)
+
+    def _call(self, callback: Callable[[int], None], rank: int) -> None:
+        """Tell `callback` of `rank`; a failure is reported, and does not stop the watcher."""
+        try:
+            callback(rank)
+        except Exception as error:  # noqa: BLE001 - reported here, raised by raise_error()
+            print(f"hetsync: a callback for lost rank {rank} ({callback!r}) failed:\n"
+                  + "".join(traceback.format_exception(error)), file=sys.stderr, flush=True)
+            if self.error is None:
+                self.error = error

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
+from hetsync.protocols.ps.core import PSServerCore
 from hetsync.protocols.ps.driver import _Server
+from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
 
 pytestmark = pytest.mark.integration
 
@@ -131,6 +136,33 @@ def test_a_dead_server_thread_is_reported_not_waited_for():
         server.push(_push([1.0, 1.0]))
 
 
+def test_a_reply_to_a_worker_that_just_died_neither_deadlocks_nor_misses_its_loss(monkeypatch):
+    # Snippet 6 of review 3: the reply to rank 2 fails (its process died); the launcher has
+    # just declared it lost. The server's loss handling also sends replies, under the same
+    # lock as this failed send: it must run on the watcher thread, after the lock is let go.
+    param = nn.Parameter(torch.zeros(2))
+    store = dist.HashStore()
+    lost = LostWorkers(store, world_size=3, confirm_timeout=5.0)
+    server = _Server(torch.optim.SGD([param], lr=0.1), [], sync=True, world=1, lost=lost)
+    server.core, server.remote = PSServerCore(3, "sync"), {1, 2}
+
+    def closed(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(dist, "send", closed)
+    store.set(LOST_KEY, "2")
+    sender = threading.Thread(target=server._send, args=([(2, torch.zeros(4))],), daemon=True)
+    sender.start()
+    sender.join(timeout=5.0)
+    assert not sender.is_alive(), "the reply to a lost worker deadlocked the server"
+    deadline = time.monotonic() + 5.0
+    while server.remote != {1} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert server.remote == {1}  # the watcher told the server: rounds no longer wait for 2
+    assert server.send_lock.acquire(timeout=1.0)
+    lost.close()
+
+
 def test_sync_follows_param_groups_and_the_workers_lr_schedule_like_allreduce(tmp_path):
     # Two param groups (weight decay on weights only) and StepLR on the worker's optimizer:
     # the server must step with the same groups and the current lr, as allreduce does.
@@ -159,3 +191,21 @@ def test_batchnorm_running_statistics_are_shared_through_the_server(tmp_path, mo
     assert spread < 0.3 * (local - local.mean(0)).abs().max()
     if mode == "sync":
         assert spread == 0
+
+
+@pytest.mark.slow  # two launches: about 20 s of CPU
+def test_a_resumed_run_starts_every_worker_from_the_servers_saved_model(tmp_path):
+    # Each worker checkpoints a different version (async); on resume every worker, not only
+    # rank 0, must hold the server's model, or its first gradient, computed on its own older
+    # model, is applied as a fresh one.
+    files = tmp_path / "files"
+    files.mkdir()
+    for phase in ("save", "resume"):
+        run(RunConfig(script=[str(SCRIPTS / "ps_resume.py"), str(files), phase], workers=2,
+                      protocol="ps", ps_mode="async", max_iterations=12, out=tmp_path / phase,
+                      quiet=True, hang_timeout=20.0))
+    server = torch.load(files / "ckpt_rank0.pt", weights_only=False)
+    server = server["optimizer"]["hetsync"]["protocol"]["server"]
+    expected = torch.cat([*(p.reshape(-1) for p in server["params"]), server["buffers"]])
+    for rank in range(2):
+        assert torch.equal(torch.load(files / f"loaded_rank{rank}.pt"), expected), rank

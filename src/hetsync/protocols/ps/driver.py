@@ -188,6 +188,11 @@ class _Server:
             self.buffers.copy_(state["buffers"])
             self.optimizer.load_state_dict(state["optimizer"])
 
+    def model(self) -> torch.Tensor:
+        """The server's model and buffers, flat: what a resumed run starts from."""
+        with self.cond:
+            return _flat([*self.params, self.buffers], self.dtype)
+
     def push(self, msg: torch.Tensor) -> torch.Tensor:
         """Rank 0's push; blocks until its reply exists (the end of the round in sync mode)."""
         with self.cond:
@@ -392,12 +397,24 @@ class ParameterServer(Protocol):
 
     def state_dict(self) -> dict[str, Any]:
         """Rank 0's: the server's model and optimizer state; the other ranks' models are
-        the server's after their first push."""
+        the server's on resume."""
         return {"server": self.server.state_dict()} if self.server is not None else {}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume: the server takes rank 0's saved state, then every worker starts from the
+        server's model, as at a reply (a broadcast: every rank resumes). Each worker's own
+        checkpoint may be versions older, and its first gradient, computed there, would be
+        applied as a fresh one: versions restart at 0 on both sides."""
         if self.server is not None and "server" in state:
             self.server.load_state_dict(state["server"])
+        size = sum(p.numel() for p in self.params)
+        model = (self.server.model() if self.server is not None
+                 else torch.empty(size + self.loaded.numel(), dtype=self.dtype))
+        if self.runtime.world_size > 1:
+            dist.broadcast(model, 0, group=self.group)
+        with torch.no_grad():
+            unflatten_into(model[:size], self.params)
+            unflatten_into(model[size:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)  # the buffers just loaded into the model
 
     def close(self) -> None:
