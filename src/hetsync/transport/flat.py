@@ -28,9 +28,11 @@ __all__ = [
 def flatten(
     tensors: Sequence[torch.Tensor], *extra: float, device: torch.device | None = None
 ) -> torch.Tensor:
-    """A new 1-D buffer: the tensors' values (detached), then the `extra` scalars (headers,
-    votes) in the tensors' dtype, on `device` (default: the tensors'), which stages a model
-    on a GPU through host memory for a gloo transport."""
+    """A new 1-D buffer: the tensors' values (detached), then the `extra` scalars in the
+    tensors' dtype, on `device` (default: the tensors'), which stages a model on a GPU through
+    host memory for a gloo transport. The extras round as the dtype does (bf16 holds integers
+    exactly only up to 256): fit for a stop vote a collective sums over at most 256 workers;
+    a header (a tag, a version, a time) goes in `hetsync.transport.header.Frame` instead."""
     first = tensors[0]
     device = first.device if device is None else device
     tail = torch.tensor(extra, dtype=first.dtype, device=device)

@@ -95,7 +95,7 @@ def test_naive_workers_that_pick_each_other_wait_forever_and_it_shows():
     b.handle(ComputeFinished(iteration=1))
     for core, other in ((a, 1), (b, 0)):  # each waits for the other, which cannot serve it
         assert core.awaiting_reply_from == other and core.queued == (other,)
-        assert core.holder is Holder.REQUEST and not core.can_serve
+        assert core.holder is Holder.REQUEST
         assert core.state is ADPSGDState.FINISHING
 
 
@@ -217,3 +217,17 @@ def test_passive_server_is_done_once_its_clients_left_or_were_lost():
     assert core.handle(Served(src=3)) == []
     assert core.handle(PeerLost(rank=1)) == [ServerDone()]
     assert core.handle(PeerLost(rank=1)) == []  # told twice: once counts
+
+
+def test_a_request_or_goodbye_from_a_client_already_lost_is_dropped_not_refused():
+    """The driver hands over whatever arrives; a message a client sent before it was declared
+    lost may come after `PeerLost` (review 3, snippet 2): it has no decision, and the worker
+    goes on serving its other clients."""
+    core = _core(0, [1, 3])
+    assert core.handle(PeerLost(rank=1)) == []
+    assert core.handle(RequestReceived(src=1)) == []
+    assert core.queued == () and core.holder is Holder.FREE
+    assert core.handle(ByeReceived(src=1)) == []
+    assert core.handle(RequestReceived(src=3)) == [Serve(client=3)]
+    assert core.handle(Served(src=3)) == []
+    assert core.handle(ByeReceived(src=3)) == [ServerDone()]

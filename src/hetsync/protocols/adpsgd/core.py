@@ -22,7 +22,9 @@ the trainer's own step or deferred request goes first, then the oldest queued re
 Leaving: `Leave` (after the last step, or with an iteration begun and never finished, whose
 request is then completed first) -> `SendBye` to every partner. A neighbour lost from the run
 (`PeerLost`) is no longer chosen and, as a client, counts as gone; a request to a partner
-lost before it replied ends without an average (`ReplyLost`). A passive worker's serving ends
+lost before it replied ends without an average (`ReplyLost`). A request or goodbye that a lost
+client sent before it was declared lost, arriving after `PeerLost`, is dropped (no decision):
+the core, not its driver, knows under its lock who is lost. A passive worker's serving ends
 (`ServerDone`) once every client has said goodbye. Decisions are returned to whoever fed the
 event; some are for the other side of the same worker (a `Served` may grant the trainer's
 `Step`, a `StepFinished` the next `Serve`). Each event costs O(1).
@@ -228,18 +230,14 @@ class ADPSGDCore(Core[Event, Decision]):
         self._reply_in = False
         self._queue: deque[int] = deque()
         self._pending: set[int] = set()  # clients queued or being served
-        self._gone: set[int] = set()  # clients that said goodbye
+        self._gone: set[int] = set()  # clients that said goodbye or were lost
+        self._lost: set[int] = set()  # clients declared lost (PeerLost)
         self.remaining_clients = len(self.clients)
 
     @property
     def queued(self) -> tuple[int, ...]:
         """Clients whose requests wait to be served, oldest first."""
         return tuple(self._queue)
-
-    @property
-    def can_serve(self) -> bool:
-        """Whether a request arriving now would be served at once."""
-        return self.holder is Holder.FREE and not self._queue
 
     @property
     def who(self) -> str:
@@ -284,6 +282,8 @@ class ADPSGDCore(Core[Event, Decision]):
             self.state = ADPSGDState.LEAVING
             return self._progress()
         if isinstance(event, RequestReceived):
+            if event.src in self._lost:
+                return []  # sent before it was lost: its client no longer counts
             self._check_client(event)
             self._pending.add(event.src)
             self._queue.append(event.src)
@@ -295,6 +295,8 @@ class ADPSGDCore(Core[Event, Decision]):
             self.holder, self.serving = Holder.FREE, None
             return self._grant()
         if isinstance(event, ByeReceived):
+            if event.src in self._lost:
+                return []  # already counted gone when it was lost
             self._check_client(event)
             return self._gone_client(event.src)
         if isinstance(event, ReplyLost):
@@ -308,6 +310,7 @@ class ADPSGDCore(Core[Event, Decision]):
             self.partners = tuple(p for p in self.partners if p != event.rank)
             if event.rank not in self._client_set or event.rank in self._gone:
                 return []
+            self._lost.add(event.rank)
             return self._gone_client(event.rank)  # a request it queued is still served
         raise LocalProtocolError(f"adpsgd rank {self.rank}: unknown event {event!r}")
 

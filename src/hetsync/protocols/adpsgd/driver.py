@@ -22,10 +22,13 @@ as a deadlock. Workers stop independently; a passive receiver exits once every a
 neighbour has said goodbye.
 
 The decisions (roles, the partner drawn, who holds the model lock, which request is served
-next) are `hetsync.protocols.adpsgd.core.ADPSGDCore`'s. The training thread and the receiver thread
-share the core under one condition variable; the model lock is the core's `holder`, so each
-thread waits on the condition until the core grants it what it needs (its request sent, its
-step, a request to serve).
+next, who is lost) are `hetsync.protocols.adpsgd.core.ADPSGDCore`'s. The training thread, the
+receiver thread and the lost-worker watcher share the core under one condition variable, and
+whichever thread feeds an event carries out the decisions it returns (`_execute`): a grant
+meant for the other thread (a `Serve` returned by the trainer's `StepFinished`, a `Step` or a
+deferred `SendRequest` returned by the receiver's `Served`) is recorded, and the thread it is
+for waits on the condition until it is. The driver acts on decisions only, as the simulator
+does, so the contract the fuzzer checks is the one real runs keep.
 """
 
 from __future__ import annotations
@@ -44,7 +47,6 @@ from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols import register_protocol
 from hetsync.protocols.adpsgd.core import (
     ADPSGDCore,
-    ADPSGDState,
     ByeReceived,
     ComputeFinished,
     Decision,
@@ -57,18 +59,22 @@ from hetsync.protocols.adpsgd.core import (
     ReplyReceived,
     RequestReceived,
     SendBye,
+    SendRequest,
+    Serve,
     Served,
     ServerDone,
     StepFinished,
 )
+from hetsync.protocols.adpsgd.core import Step as StepGranted
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
+from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32
-_AVERAGE, _BYE = 1.0, 0.0
+_AVERAGE, _BYE = 1, 0  # a message's one header word: its kind
 
 
 @register_protocol("adpsgd")
@@ -83,6 +89,7 @@ class ADPSGD(Protocol):
         config, rank = runtime.config, runtime.rank
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
+        self.frame = Frame.of(self.tensors, words=1)
         self.drift = BufferDrift(model)
         self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
         neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
@@ -93,6 +100,14 @@ class ADPSGD(Protocol):
             None) = None
         """The request in flight: message, reply, its works, when it was posted (time.time()),
         its modelled transfer time and the partner."""
+        # What the core granted, recorded by `_execute` (cond held) for the thread it is for:
+        self._request_to: int | None = None  # SendRequest: the partner
+        self._step_granted = 0  # Step: its iteration
+        self._serve_granted: int | None = None  # Serve: the client
+        self._stop = False  # Finish
+        self._begun = 0  # the iteration whose request was posted
+        self._byes: list[int] = []  # SendBye
+        self._server_done = False  # ServerDone
         self._server: threading.Thread | None = None
         self._server_error: BaseException | None = None
         # Set at the first optimizer step (iteration 1 begins when the optimizer is built): a
@@ -108,8 +123,7 @@ class ADPSGD(Protocol):
     def _on_lost(self, rank: int) -> None:
         """The launcher declared `rank` lost (a watcher thread calls this)."""
         with self.cond:
-            self.core.handle(PeerLost(rank=rank))
-            self.cond.notify_all()  # close() may be waiting for the last client
+            self._execute(self.core.handle(PeerLost(rank=rank)))  # may end the serving
 
     # --- the active side, on the training thread ---------------------------------------------
     def begin_iteration(self, step: Step) -> None:
@@ -124,12 +138,35 @@ class ADPSGD(Protocol):
         self.cond.wait_for(lambda: granted() or self._server_error is not None)
         self._raise_server_error()
 
+    def _execute(self, decisions: list[Decision]) -> None:
+        """Carry out the core's `decisions` (cond held): load an average now, record a grant
+        for the thread it is for, and wake the threads waiting for one."""
+        for decision in decisions:
+            if isinstance(decision, SendRequest):
+                self._request_to = decision.partner
+            elif isinstance(decision, LoadAverage):
+                assert self._pending is not None and self._pending[5] == decision.partner
+                message, reply = self._pending[:2]
+                self._load(self.drift.apply(self._payload(reply), self._payload(message)))
+            elif isinstance(decision, StepGranted):
+                self._step_granted = decision.iteration
+            elif isinstance(decision, Finish):
+                self._stop = decision.stop
+            elif isinstance(decision, Serve):
+                self._serve_granted = decision.client
+            elif isinstance(decision, SendBye):
+                self._byes.extend(decision.to)
+            elif isinstance(decision, ServerDone):
+                self._server_done = True
+        self.cond.notify_all()
+
     def _request(self, step: Step) -> None:
+        self._begun = step.iteration
         with self.cond:
-            self.core.handle(IterationStarted(iteration=step.iteration))
-            # naive: the request holds this worker's lock until the reply: wait for it
-            self._wait(lambda: self.core.deferred is None)
-            partner = self.core.awaiting_reply_from
+            self._execute(self.core.handle(IterationStarted(iteration=step.iteration)))
+            # naive: a request deferred while a serve holds the lock is granted when it ends
+            self._wait(lambda: self._request_to is not None or self.core.deferred is None)
+            partner, self._request_to = self._request_to, None
         if partner is None:  # not active, or no partner
             return
         message = self._message(_AVERAGE)
@@ -140,24 +177,24 @@ class ADPSGD(Protocol):
                 dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
                 dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)])):
             with self.cond:
-                self.core.handle(ReplyLost(src=partner))
+                self._execute(self.core.handle(ReplyLost(src=partner)))
             return
         step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
         modelled = 0.0
         if self.network is not None:
-            nbytes = self.network.scaled((message.numel() - 1) * message.element_size())
+            nbytes = self.network.scaled(self.frame.payload_bytes)
             modelled = self.network.duration(push_pull(self.runtime.rank, partner, nbytes))
         self._pending = (message, reply, works, time.time(), modelled, partner)
 
     def before_optimizer_step(self, step: Step) -> None:
         self._started.set()
-        if self.core.state is ADPSGDState.IDLE:  # iteration 1: not begun yet
+        if self._begun != step.iteration:  # iteration 1: not begun yet
             self._request(step)
         step.begin_sync()
         self._raise_server_error()
         with self.cond:
-            self.core.handle(ComputeFinished(iteration=step.iteration))
+            self._execute(self.core.handle(ComputeFinished(iteration=step.iteration)))
         if self._pending is not None:
             posted, modelled = self._pending[3:5]
             with step.blocking():
@@ -165,37 +202,27 @@ class ADPSGD(Protocol):
             if self.network is not None:
                 self.network.hold_until(step, posted + modelled, modelled)
         with self.cond:  # a passive worker's step must not interleave with a served average
-            self._wait(lambda: self.core.state is ADPSGDState.STEPPING)
+            self._wait(lambda: self._step_granted == step.iteration)
 
     def after_optimizer_step(self, step: Step) -> None:
-        with self.cond:
-            decisions = self.core.handle(StepFinished(iteration=step.iteration,
-                                                      wants_stop=step.wants_stop))
-            self.cond.notify_all()  # the lock may be free for a queued request
-        finish = decisions[0]
-        assert isinstance(finish, Finish)
-        step.stop = finish.stop
+        with self.cond:  # the lock may be free for a queued request: Serve
+            self._execute(self.core.handle(StepFinished(iteration=step.iteration,
+                                                        wants_stop=step.wants_stop)))
+            step.stop = self._stop
 
-    def _finish_request(self) -> list[Decision]:
+    def _finish_request(self) -> None:
         """Wait for the partner's average and load it: the partner has already applied it,
-        so not loading it would break the conservation of the sum of the models. Returns the
-        core's decisions after the one to load it."""
+        so not loading it would break the conservation of the sum of the models."""
         assert self._pending is not None
-        message, reply, works, *_ = self._pending
-        partner = self._pending[5]
+        works, partner = self._pending[2], self._pending[5]
         if not unless_lost(self.runtime.lost, partner, lambda: [work.wait() for work in works]):
-            self._pending = None
             with self.cond:
-                decisions = self.core.handle(ReplyLost(src=partner))
-                self.cond.notify_all()
-            return decisions
-        with self.cond:  # loaded before the core lets anyone else at the model
-            load, *decisions = self.core.handle(ReplyReceived(src=self._pending[5]))
-            assert isinstance(load, LoadAverage)
-            self._load(self.drift.apply(reply[:-1], message))
-            self.cond.notify_all()
-        self._pending = None
-        return decisions
+                self._pending = None
+                self._execute(self.core.handle(ReplyLost(src=partner)))
+            return
+        with self.cond:  # LoadAverage: loaded before the core lets anyone else at the model
+            self._execute(self.core.handle(ReplyReceived(src=partner)))
+            self._pending = None
 
     def close(self) -> None:
         """Finish a request begun by an iteration that never ran (the script's loop ended
@@ -203,53 +230,49 @@ class ADPSGD(Protocol):
         client has said goodbye."""
         self._started.set()
         with self.cond:
-            decisions = self.core.handle(Leave())
-            self.cond.notify_all()
+            self._execute(self.core.handle(Leave()))
         if self._pending is not None:
-            decisions += self._finish_request()
+            self._finish_request()
+        with self.cond:
+            byes, self._byes = self._byes, []
         bye = self._message(_BYE)
-        for decision in decisions:
-            if isinstance(decision, SendBye):
-                for partner in decision.to:
-                    unless_lost(self.runtime.lost, partner, partial(dist.send, bye, partner,
-                                                       tag=_REQUEST_TAG, group=self.group))
+        for partner in byes:
+            unless_lost(self.runtime.lost, partner, partial(dist.send, bye, partner,
+                                                            tag=_REQUEST_TAG, group=self.group))
         if self._server is not None:  # until every client said goodbye or was lost
             with self.cond:
-                self._wait(lambda: self.core.remaining_clients == 0)
+                self._wait(lambda: self._server_done)
         self._raise_server_error()
 
     # --- the passive side, on the receiver thread -----------------------------------------------
     def _serve(self) -> None:
         try:
             buffer = self._message(_BYE)
-            nbytes = self.network.scaled((buffer.numel() - 1) * buffer.element_size()) if (
+            nbytes = self.network.scaled(self.frame.payload_bytes) if (
                 self.network is not None) else 0.0
             while True:
                 source = self.runtime.receive_any(buffer, _REQUEST_TAG, self.group)
-                lost = self.runtime.lost
-                if lost is not None and source in lost.ranks:
-                    continue  # came before it was lost, but its client no longer counts
-                if buffer[-1] == _BYE:
-                    with self.cond:
-                        done = ServerDone() in self.core.handle(ByeReceived(src=source))
-                        self.cond.notify_all()
-                    if done:
-                        return
+                if self.frame.header(buffer) == (_BYE,):
+                    with self.cond:  # dropped if the core counts the client lost already
+                        self._execute(self.core.handle(ByeReceived(src=source)))
+                        if self._server_done:
+                            return
                     continue
                 self._started.wait()
                 if self.network is not None:  # the request's bytes come in, one at a time
                     self.network.occupy(point_to_point(source, self.runtime.rank, nbytes))
                 with self.cond:
-                    self.core.handle(RequestReceived(src=source))
-                    self.cond.notify_all()
-                    self.cond.wait_for(lambda src=source: self.core.serving == src)
+                    self._execute(self.core.handle(RequestReceived(src=source)))
+                    if self._serve_granted != source and source not in self.core.queued:
+                        continue  # dropped: its client was lost before it came
+                    self.cond.wait_for(lambda src=source: self._serve_granted == src)
+                    self._serve_granted = None
                 # the core holds this worker's lock for us: no step or own average meanwhile
-                average = (self._flat() + buffer[:-1]) / 2
+                average = (self._flat() + self._payload(buffer)) / 2
                 self._load(average)
-                with self.cond:
-                    self.core.handle(Served(src=source))
-                    self.cond.notify_all()  # the trainer may step or send its request now
-                reply = flatten([average], _AVERAGE)
+                with self.cond:  # the trainer may now step or send its request
+                    self._execute(self.core.handle(Served(src=source)))
+                reply = self.frame.pack((_AVERAGE,), [average])
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 self.runtime.before_send()
@@ -268,8 +291,11 @@ class ADPSGD(Protocol):
     def _flat(self) -> torch.Tensor:
         return flatten(self.tensors, device=self.host)
 
-    def _message(self, kind: float) -> torch.Tensor:
-        return flatten(self.tensors, kind, device=self.host)
+    def _message(self, kind: int) -> torch.Tensor:
+        return self.frame.pack((kind,), self.tensors, device=self.host)
+
+    def _payload(self, message: torch.Tensor) -> torch.Tensor:
+        return self.frame.payload(message)
 
     def _load(self, flat: torch.Tensor) -> None:
         """Write a flat model through `.data`, so that a backward pass running on the training

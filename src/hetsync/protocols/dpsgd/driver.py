@@ -15,8 +15,6 @@ and from whom to wait for it, the weights, the stop) are `hetsync.protocols.dpsg
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -36,7 +34,8 @@ from hetsync.protocols.dpsgd.core import (
     flood_hops,
 )
 from hetsync.topology import build
-from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
+from hetsync.transport.flat import BufferDrift, model_tensors, unflatten_into
+from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
@@ -55,6 +54,7 @@ class DPSGD(Protocol):
         config = runtime.config
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
+        self.frame = Frame.of(self.tensors, words=2)  # stop_at, time posted: float64 bits
         self.drift = BufferDrift(model)
         self.core = DPSGDCore(runtime.rank, Neighbourhood.of_topology(self.topology, runtime.rank),
                               flood_hops(self.topology), config.max_iterations)
@@ -69,10 +69,8 @@ class DPSGD(Protocol):
     def _post(self, step: Step) -> _Exchange:
         [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
         assert isinstance(exchange, Exchange)
-        header = [exchange.stop_at if math.isfinite(exchange.stop_at) else -1.0]
-        if self.network is not None:
-            header.append(self.runtime.elapsed())  # when it was posted, for the network model
-        send = flatten(self.tensors, *header)
+        posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
+        send = self.frame.pack((float_word(exchange.stop_at), float_word(posted)), self.tensors)
         received = {j: torch.empty_like(send) for j in exchange.receive_from}
         ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in exchange.send_to]
         ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
@@ -90,33 +88,34 @@ class DPSGD(Protocol):
         with step.blocking():
             for work in works:
                 work.wait()
-        end = len(send) - (1 if self.network is None else 2)  # model, stop vote[, time posted]
         if self.network is not None:
-            self._charge_network(step, send, end, exchange, received)
+            self._charge_network(step, exchange, [send, *received.values()])
         for j, buf in received.items():
-            stop_at = float(buf[end]) if buf[end] >= 0 else math.inf
+            stop_at = word_float(self.frame.header(buf)[0])
             decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
         [average_] = decisions
         assert isinstance(average_, Average)
-        average = send[:end] * average_.self_weight
+        sent = self.frame.payload(send)
+        average = sent * average_.self_weight
         for j, buf in received.items():
-            average.add_(buf[:end], alpha=average_.weights[j])
+            average.add_(self.frame.payload(buf), alpha=average_.weights[j])
         with torch.no_grad():
-            unflatten_into(self.drift.apply(average, send), self.tensors)
+            unflatten_into(self.drift.apply(average, sent), self.tensors)
         step.stop = average_.stop
         self._exchange = None
 
-    def _charge_network(self, step: Step, send: torch.Tensor, end: int, exchange: Exchange,
-                        received: dict[int, torch.Tensor]) -> None:
+    def _charge_network(self, step: Step, exchange: Exchange,
+                        buffers: list[torch.Tensor]) -> None:
         """The exchange is usable once the last of its messages would have arrived: the model
-        (`send[:end]`) sent to the out-peers and received from the in-peers, from the latest
-        time one was posted (each message's last value)."""
+        sent to the out-peers and received from the in-peers, from the latest time one was
+        posted (each message's second header word; `buffers`: the one sent, then those
+        received)."""
         assert self.network is not None
         rank = self.runtime.rank
-        nbytes = self.network.scaled(end * send.element_size())
+        nbytes = self.network.scaled(self.frame.payload_bytes)
         messages = fan_out(rank, exchange.send_to, nbytes)
-        messages += [Message(j, rank, nbytes) for j in received]
-        posted = max(float(buf[-1]) for buf in [send, *received.values()])
+        messages += [Message(j, rank, nbytes) for j in exchange.receive_from]
+        posted = max(word_float(self.frame.header(buf)[1]) for buf in buffers)
         modelled = self.network.duration(messages)
         self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
 

@@ -63,11 +63,12 @@ from hetsync.protocols.hop.core import (
 )
 from hetsync.topology import build
 from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.runtime import Runtime
 
 _UPDATE_TAG, _TOKEN_TAG = 41, 42
-_END = -1.0
+_END = -1  # the first header word of a channel's last message
 _Item = tuple[Event | BaseException, torch.Tensor | None]
 
 
@@ -92,17 +93,18 @@ class Hop(Protocol):
         self._sends: list[tuple[dist.Work, torch.Tensor, int]] = []
         self._running = False
         self._stopped = False
-        self._trailer = 1 if self.network is None else 2  # [stamp,] tag or end marker
-        size = sum(t.numel() for t in self.tensors) + self._trailer
+        # headers as int64 words: an update's (tag or end, sent at), a token message's count
+        self._frames = {_UPDATE_TAG: Frame.of(self.tensors, words=2),
+                        _TOKEN_TAG: Frame(words=1, numel=0, dtype=torch.int64)}
         self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
         self._channels = threading.Condition()
         """Guards `_open` (the neighbours whose channels have not ended, by tag) and `_lost`."""
         self._open = {_UPDATE_TAG: set(in_peers), _TOKEN_TAG: set(out_peers)}
         self._lost: set[int] = set()
         threads = [
-            threading.Thread(target=self._receive, args=(_UPDATE_TAG, size),
+            threading.Thread(target=self._receive, args=(_UPDATE_TAG,),
                              name="hop-updates", daemon=True),
-            threading.Thread(target=self._receive, args=(_TOKEN_TAG, 1),
+            threading.Thread(target=self._receive, args=(_TOKEN_TAG,),
                              name="hop-tokens", daemon=True),
         ]
         for thread in threads:
@@ -174,8 +176,8 @@ class Hop(Protocol):
                 step.extra.setdefault("started_at", time.time())
                 step.extra["tag"] = decision.iteration
             elif isinstance(decision, SendUpdate):
-                update = flatten(self.tensors, *self._stamp(), float(decision.tag),
-                                 device=self.host)
+                update = self._frames[_UPDATE_TAG].pack((decision.tag, self._stamp()),
+                                                        self.tensors, device=self.host)
                 self._send(update, decision.to, _UPDATE_TAG, step)
             elif isinstance(decision, Aggregate):
                 self._average(decision.inputs, decision.self_weight, decision.weights)
@@ -201,8 +203,8 @@ class Hop(Protocol):
                     (dist.isend(message, j, tag=tag, group=self.group), message, j)))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
-    def _scalar(self, value: float) -> torch.Tensor:
-        return torch.tensor([value], dtype=self.tensors[0].dtype)
+    def _scalar(self, value: int) -> torch.Tensor:
+        return self._frames[_TOKEN_TAG].pack((value,))
 
     def _wait_sends(self) -> None:
         for work, _, to in self._sends:
@@ -222,7 +224,8 @@ class Hop(Protocol):
     ) -> None:
         average = flatten(self.tensors, device=self.host) * self_weight
         for j, tag in inputs.items():
-            average.add_(self.updates[j, tag][: -self._trailer], alpha=weights[j])
+            average.add_(self._frames[_UPDATE_TAG].payload(self.updates[j, tag]),
+                         alpha=weights[j])
         with torch.no_grad():
             unflatten_into(average, self.tensors)
 
@@ -237,18 +240,18 @@ class Hop(Protocol):
         """Whether every neighbour has ended its channels or was lost (`_channels` held)."""
         return not any(senders - self._lost for senders in self._open.values())
 
-    def _receive(self, tag: int, size: int) -> None:
+    def _receive(self, tag: int) -> None:
         """Turn messages into events until every sender has sent its end marker (one that
         was lost never does: the thread is then left waiting, as a daemon)."""
-        senders = self._open[tag]
+        senders, frame = self._open[tag], self._frames[tag]
         try:
             while True:
                 with self._channels:
                     if not senders - self._lost:
                         return
-                buffer = torch.empty(size, dtype=self.tensors[0].dtype)
+                buffer = frame.empty()
                 src = self.runtime.receive_any(buffer, tag, self.group)
-                header = float(buffer[-1])
+                header = frame.header(buffer)[0]
                 if self.network is not None and header != _END:
                     self._charge_network(src, tag, buffer)
                 if header == _END:
@@ -257,15 +260,16 @@ class Hop(Protocol):
                         self._channels.notify_all()
                     self.inbox.put((NeighbourLeft(rank=src), None))
                 elif tag == _UPDATE_TAG:
-                    self.inbox.put((UpdateReceived(src=src, tag=int(header)), buffer))
+                    self.inbox.put((UpdateReceived(src=src, tag=header), buffer))
                 else:
-                    self.inbox.put((TokensReceived(src=src, count=int(header)), None))
+                    self.inbox.put((TokensReceived(src=src, count=header), None))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self.inbox.put((error, None))
 
-    def _stamp(self) -> tuple[float, ...]:
-        """When an update is sent, on the run's clock: what the network model charges from."""
-        return () if self.network is None else (self.runtime.elapsed(),)
+    def _stamp(self) -> int:
+        """When an update is sent, on the run's clock (float64 bits): what the network model
+        charges from."""
+        return float_word(0.0 if self.network is None else self.runtime.elapsed())
 
     def _charge_network(self, src: int, tag: int, buffer: torch.Tensor) -> None:
         """Hold a received message until its emulated arrival: an update shares its sender's
@@ -274,9 +278,10 @@ class Hop(Protocol):
         assert self.network is not None
         me = self.runtime.rank
         if tag == _UPDATE_TAG:
-            nbytes = self.network.scaled((buffer.numel() - 2) * buffer.element_size())
+            frame = self._frames[_UPDATE_TAG]
+            nbytes = self.network.scaled(frame.payload_bytes)
             self.runtime.clock_started.wait()
-            sent = self.runtime.t0 + float(buffer[-2])
+            sent = self.runtime.t0 + word_float(frame.header(buffer)[1])
             arrival = self.network.deliver(Message(src, me, nbytes), self._fan_out[src], sent)
             self.network.hold_until(None, arrival, arrival - sent)
         else:
@@ -285,7 +290,8 @@ class Hop(Protocol):
     def close(self) -> None:
         """End this worker's channels, then wait until every neighbour has ended its own."""
         self._wait_sends()
-        end = flatten(self.tensors, *self._stamp(), _END, device=self.host)
+        end = self._frames[_UPDATE_TAG].pack((_END, self._stamp()), self.tensors,
+                                             device=self.host)
         token_end = self._scalar(_END)
         for peers, message, tag in ((self.core.out_peers, end, _UPDATE_TAG),
                                     (self.core.in_peers, token_end, _TOKEN_TAG)):

@@ -60,6 +60,7 @@ from torch import nn
 from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.prague.gg_wire import FromGG, ToGG
 from hetsync.protocols.prague.group_generator import (
     AssignGroup,
     Group,
@@ -294,7 +295,7 @@ class Prague(Protocol):
         if self._gg is not None:
             self._gg.put(self.rank, kind, value, flag)
         else:
-            message = torch.tensor([kind, float(value), flag])
+            message = ToGG(int(kind), value, flag).encode()
             dist.send(message, 0, tag=_TO_GG, group=self._host_group)
 
     def _deliver(self, assign: AssignGroup, held: float) -> None:
@@ -307,19 +308,18 @@ class Prague(Protocol):
         request has come and every group it announced has been run."""
         try:
             while True:
-                message = torch.empty(4 + self.runtime.world_size)
+                message = FromGG.empty(self.runtime.world_size)
                 dist.recv(message, 0, tag=_FROM_GG, group=self._host_group)
                 if self.network is not None:  # an answer is charged with its request
                     sent = push_pull(self.rank, 0, 12, message.numel() * 4) if message[1] else (
                         point_to_point(0, self.rank, message.numel() * 4))
                     self.network.occupy(sent)
-                if message[0] < 0:
+                answer = FromGG.decode(message)
+                if answer.group is None:
                     return
-                size = int(message[3])
-                members = tuple(int(r) for r in message[4 : 4 + size])
-                group = Group(id=int(message[0]), members=members)
-                assigned = GroupAssigned(group=group, answers_request=bool(message[1]))
-                self.inbox.put((assigned, time.perf_counter(), float(message[2])))
+                assigned = GroupAssigned(group=answer.group,
+                                         answers_request=answer.answers_request)
+                self.inbox.put((assigned, time.perf_counter(), answer.held))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self.inbox.put(error)
 
@@ -414,9 +414,10 @@ class _GroupGeneratorService:
         try:
             remaining = self.world - 1
             while remaining:
-                message = torch.empty(3)
+                message = ToGG.empty()
                 src = self.runtime.receive_any(message, _TO_GG, self._host_group)
-                kind, value, flag = float(message[0]), int(message[1]), float(message[2])
+                to_gg = ToGG.decode(message)
+                kind, value, flag = float(to_gg.kind), to_gg.value, to_gg.flag
                 remaining -= kind == _BYE
                 self.put(src, kind, value, flag)
         except BaseException as error:  # noqa: BLE001 - reported by the serving thread
@@ -472,11 +473,7 @@ class _GroupGeneratorService:
         """One assignment (or, with no group, the end marker): id, whether it answers the
         request, how long the GG held that request, size, members. A blocking send returns at
         once: the worker's receiver thread always waits for the next one."""
-        message = torch.full((4 + self.world,), -1.0)
-        if group is not None:
-            message[:4] = torch.tensor([group.id, float(answers_request), held,
-                                        len(group.members)])
-            message[4 : 4 + len(group.members)] = torch.tensor(group.members)
+        message = FromGG(group, answers_request, held).encode(self.world)
         self.runtime.before_send()
         unless_lost(self.runtime.lost, rank, partial(dist.send, message, rank, tag=_FROM_GG,
                                                      group=self._host_group))

@@ -101,12 +101,13 @@ from hetsync.protocols.ps.core import (
     WorkerLost,
 )
 from hetsync.transport.flat import unflatten_into
+from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers, unless_lost
 from hetsync.transport.runtime import Runtime
 
 PUSH_TAG, PULL_TAG = 21, 22
-_PUSH, _BYE = 1.0, 2.0
-_HEADER = 3  # push: kind, version, vote; reply: version, staleness, stop
+_PUSH, _BYE = 1, 2
+_WORDS = 3  # int64 header words; push: kind, version, vote; reply: version, staleness, stop
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +161,7 @@ class _Server:
         self.core = PSServerCore(world, "sync" if sync else "async", backup)
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
+        self.frame = Frame(_WORDS, self.size + self.buffers.numel(), self.dtype)
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
         self.delta_sum = torch.zeros_like(self.buffers)
         self.local_reply: torch.Tensor | None = None
@@ -232,7 +234,7 @@ class _Server:
         self._send(sends)
 
     def _serve(self) -> None:
-        buf = torch.empty(_HEADER + self.size + self.buffers.numel(), dtype=self.dtype)
+        buf = self.frame.empty()
         try:
             while True:
                 with self.cond:
@@ -240,12 +242,13 @@ class _Server:
                         return
                 src = (dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
                        if self.lost is None else self.lost.receive_any(buf, PUSH_TAG, self.group))
-                if self.network is not None and buf[0] != _BYE:  # pushes queue at rank 0's NIC
+                bye = self.frame.header(buf)[0] == _BYE
+                if self.network is not None and not bye:  # pushes queue at rank 0's NIC
                     self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
                 with self.cond:
                     if src not in self.remote:
                         continue  # sent before its sender was lost: it no longer counts
-                    if buf[0] == _BYE:
+                    if bye:
                         self.remote.discard(src)
                         sends = self._leave(src)
                         self.cond.notify_all()
@@ -265,7 +268,8 @@ class _Server:
     def _accept(self, msg: torch.Tensor, src: int) -> list[tuple[int, torch.Tensor]]:
         """Take one gradient and buffer change (lock held); return the replies to send to
         remote ranks."""
-        push = Push(rank=src, version=int(msg[1]), vote=bool(msg[2] > 0))
+        _, version, vote = self.frame.header(msg)
+        push = Push(rank=src, version=version, vote=bool(vote))
         return self._execute(self.core.handle(push), msg)
 
     def _leave(self, rank: int) -> list[tuple[int, torch.Tensor]]:
@@ -280,8 +284,9 @@ class _Server:
         for decision in decisions:
             if isinstance(decision, Accumulate):
                 assert msg is not None
-                self.grad_sum.add_(msg[_HEADER:_HEADER + self.size])
-                self.delta_sum.add_(msg[_HEADER + self.size:])
+                payload = self.frame.payload(msg)
+                self.grad_sum.add_(payload[:self.size])
+                self.delta_sum.add_(payload[self.size:])
             elif isinstance(decision, Apply):
                 self._apply(self.grad_sum.div_(decision.divisor),
                             self.delta_sum.div_(decision.buffer_divisor), decision.lr_scale)
@@ -305,9 +310,8 @@ class _Server:
         self.version += 1
 
     def _deliver(self, answer: Answer) -> list[tuple[int, torch.Tensor]]:
-        header = torch.tensor([answer.version, answer.staleness, float(answer.stop)],
-                              dtype=self.dtype)
-        reply = _flat([header, *self.params, self.buffers], self.dtype)
+        reply = self.frame.pack((answer.version, answer.staleness, int(answer.stop)),
+                                [*self.params, self.buffers], device="cpu")
         if 0 in answer.ranks:
             self.local_reply = reply
             self.cond.notify_all()
@@ -316,7 +320,7 @@ class _Server:
     def _model_bytes(self, message: torch.Tensor) -> float:
         """A push's or reply's size as declared (`--payload`): all but its header."""
         assert self.network is not None
-        return self.network.scaled((message.numel() - _HEADER) * message.element_size())
+        return self.network.scaled(message.numel() - self.frame.words * 8)  # bytes
 
     def _send(self, sends: list[tuple[int, torch.Tensor]]) -> None:
         with self.send_lock:
@@ -348,8 +352,9 @@ class ParameterServer(Protocol):
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.dtype = self.params[0].dtype
         self.loaded = _flat(self.buffers, self.dtype)  # as last loaded from the server
-        size = _HEADER + sum(p.numel() for p in self.params) + self.loaded.numel()
-        self.reply = torch.empty(size, dtype=self.dtype)
+        self.frame = Frame(_WORDS, sum(p.numel() for p in self.params) + self.loaded.numel(),
+                           self.dtype)
+        self.reply = self.frame.empty()
         self.server = (
             _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
                     backup=self.backup, network=self.network, lost=runtime.lost,
@@ -363,9 +368,9 @@ class ParameterServer(Protocol):
         [push] = self.core.handle(GradientReady(iteration=step.iteration,
                                                 wants_stop=step.wants_stop))
         assert isinstance(push, SendPush)
-        header = torch.tensor([_PUSH, push.version, float(push.vote)], dtype=self.dtype)
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
-        msg = _flat([header, *grads, delta], self.dtype)
+        msg = self.frame.pack((_PUSH, push.version, int(push.vote)), [*grads, delta],
+                              device="cpu")
         with step.blocking():
             self.runtime.before_send()
             if self.server is not None:
@@ -374,13 +379,15 @@ class ParameterServer(Protocol):
                 dist.send(msg, 0, tag=PUSH_TAG, group=self.group)
                 dist.recv(self.reply, 0, tag=PULL_TAG, group=self.group)
                 reply = self.reply
-        split = len(reply) - self.loaded.numel()
+        payload = self.frame.payload(reply)
+        split = len(payload) - self.loaded.numel()
         with torch.no_grad():
-            unflatten_into(reply[_HEADER:split], self.params)
-            unflatten_into(reply[split:], self.buffers)
+            unflatten_into(payload[:split], self.params)
+            unflatten_into(payload[split:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)
-        [load] = self.core.handle(ReplyReceived(version=int(reply[0]), staleness=int(reply[1]),
-                                                stop=bool(reply[2] > 0)))
+        version, staleness, stop = self.frame.header(reply)
+        [load] = self.core.handle(ReplyReceived(version=version, staleness=staleness,
+                                                stop=bool(stop)))
         assert isinstance(load, LoadModel)
         step.extra["staleness"] = float(load.staleness)
         if load.dropped is not None:  # sync with backups: its round closed without it
@@ -422,6 +429,5 @@ class ParameterServer(Protocol):
         if self.server is not None:
             self.server.close()
         else:
-            bye = torch.zeros_like(self.reply)
-            bye[0] = _BYE
+            bye = self.frame.pack((_BYE, 0, 0), [torch.zeros(self.frame.numel, dtype=self.dtype)])
             dist.send(bye, 0, tag=PUSH_TAG, group=self.group)

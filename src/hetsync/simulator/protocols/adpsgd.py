@@ -12,7 +12,7 @@ the simulation reports the deadlock with each worker's wait.
 A worker declared lost becomes `PeerLost` on every survivor, and `ReplyLost` on one whose
 request awaits its reply with none on the way (the real driver's transfer with the dead
 partner fails and the launcher confirms the loss); a request or a goodbye from it arriving
-afterwards is dropped, as the driver's receiver drops it.
+afterwards goes to the core, which drops it, as in the real driver.
 """
 
 from __future__ import annotations
@@ -62,9 +62,7 @@ class ADPSGDSimWorker(SimWorker):
         self._begin(1)
 
     def receive(self, event: Any) -> None:
-        if isinstance(event, (RequestReceived, ByeReceived)) and event.src in self.sim.declared:
-            return  # sent before its sender was lost: it no longer counts
-        self._run(self.core.handle(event))
+        self._run(self.core.handle(event))  # the core drops what a client lost before sent
 
     def lost(self, rank: int) -> None:
         """`rank` was declared lost (the driver's `_on_lost`, then its failed transfer)."""

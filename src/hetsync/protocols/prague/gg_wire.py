@@ -1,0 +1,67 @@
+"""The Group Generator's messages on the wire: int64 words, so group ids and iterations stay
+exact (as float32 they rounded past 2^24, about a day of training at 8 workers); the float
+fields (a request's flag, how long the GG held it) ride as float64 bits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hetsync.protocols.prague.group_generator import Group
+from hetsync.transport.header import float_word, word_float
+
+__all__ = ["FromGG", "ToGG"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToGG:
+    """A worker's message to the GG: its kind, an iteration or group id, and a flag."""
+
+    kind: int
+    value: int
+    flag: float
+
+    def encode(self) -> torch.Tensor:
+        return torch.tensor([self.kind, self.value, float_word(self.flag)], dtype=torch.int64)
+
+    @staticmethod
+    def empty() -> torch.Tensor:
+        return torch.empty(3, dtype=torch.int64)
+
+    @classmethod
+    def decode(cls, message: torch.Tensor) -> ToGG:
+        kind, value, flag = message.tolist()
+        return cls(kind, value, word_float(flag))
+
+
+@dataclass(frozen=True, slots=True)
+class FromGG:
+    """An assignment to a worker (`group`; None: the end marker), whether it answers the
+    worker's request, and how long the GG held that request (seconds)."""
+
+    group: Group | None
+    answers_request: bool = False
+    held: float = 0.0
+
+    def encode(self, world: int) -> torch.Tensor:
+        """id, answers, held, size, then the members, padded with -1 to `world` of them."""
+        message = torch.full((4 + world,), -1, dtype=torch.int64)
+        if self.group is not None:
+            members = self.group.members
+            message[: 4 + len(members)] = torch.tensor(
+                [self.group.id, int(self.answers_request), float_word(self.held), len(members),
+                 *members], dtype=torch.int64)
+        return message
+
+    @staticmethod
+    def empty(world: int) -> torch.Tensor:
+        return torch.empty(4 + world, dtype=torch.int64)
+
+    @classmethod
+    def decode(cls, message: torch.Tensor) -> FromGG:
+        words = message.tolist()
+        if words[0] < 0:
+            return cls(None)
+        group = Group(id=words[0], members=tuple(words[4 : 4 + words[3]]))
+        return cls(group, bool(words[1]), word_float(words[2]))

@@ -1,0 +1,85 @@
+"""Messages whose header travels as 64-bit words, never in the model's dtype.
+
+Why: a header value carried as one more element of the model's buffer rounds once it is
+past the dtype's exact integers (bf16: 256, fp16: 2048, float32: 2^24), so a bf16 model broke
+Hop's tags at iteration 257 and rounded the parameter server's version. Here a message is one
+byte buffer: `words` int64 words (integers as they are, floats as float64 bits, `float_word`),
+then the payload's bytes. One send per message, as before (gloo sends bytes), and one copy to
+pack it, as `flatten` always made; the header comes first, so the payload view starts on an
+8-byte boundary that every dtype can view.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["Frame", "float_word", "word_float"]
+
+_WORD = 8  # bytes
+
+
+def float_word(value: float) -> int:
+    """`value`'s float64 bits as an int64 word (exact: a time or a weight survives whole)."""
+    return struct.unpack("<q", struct.pack("<d", value))[0]
+
+
+def word_float(word: int) -> float:
+    """The float64 whose bits are `word` (inverse of `float_word`)."""
+    return struct.unpack("<d", struct.pack("<q", word))[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """The layout of one kind of message: `words` header words, then `numel` elements of
+    `dtype` (a flat model, or nothing)."""
+
+    words: int
+    numel: int
+    dtype: torch.dtype
+
+    @classmethod
+    def of(cls, tensors: Sequence[torch.Tensor], words: int) -> Frame:
+        """Messages carrying `tensors` (flattened, in the first one's dtype) after `words`."""
+        dtype = tensors[0].dtype if tensors else torch.float32
+        return cls(words, sum(t.numel() for t in tensors), dtype)
+
+    @property
+    def payload_bytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        """The whole message's size: header and payload."""
+        return self.words * _WORD + self.payload_bytes
+
+    def empty(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """A buffer to receive one message into."""
+        return torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+
+    def pack(self, header: Sequence[int], tensors: Sequence[torch.Tensor] = (),
+             device: torch.device | str | None = None) -> torch.Tensor:
+        """A new message: `header` (exactly `words` integers), then `tensors`' values
+        (detached) on `device` (default: the first tensor's, else the CPU)."""
+        if len(header) != self.words:
+            raise ValueError(f"a header of {self.words} words, not {len(header)}: {header!r}")
+        if device is None:
+            device = tensors[0].device if tensors else "cpu"
+        message = self.empty(device)
+        message[: self.words * _WORD].view(torch.int64).copy_(
+            torch.tensor(list(header), dtype=torch.int64))
+        if self.numel:
+            torch.cat([t.detach().reshape(-1).to(device, self.dtype) for t in tensors],
+                      out=self.payload(message))
+        return message
+
+    def header(self, message: torch.Tensor) -> tuple[int, ...]:
+        """The header words of `message`, as Python integers."""
+        return tuple(message[: self.words * _WORD].view(torch.int64).tolist())
+
+    def payload(self, message: torch.Tensor) -> torch.Tensor:
+        """`message`'s payload: a 1-D view of `numel` elements of `dtype` (writes go through)."""
+        return message[self.words * _WORD :].view(self.dtype)
