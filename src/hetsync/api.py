@@ -165,6 +165,7 @@ class SyncOptimizer(torch.optim.Optimizer):
                 "hetsync: step() after the run stopped; end the loop when "
                 "optimizer.should_stop is set (optimizer.iterate() does)"
             )
+        self._step = None  # until it completes: close() does not end a step that failed
         self._unscale()
         self.protocol.before_optimizer_step(step)
         if not step.skip_optimizer_step:
@@ -207,6 +208,9 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._log is not None:
             self._log.close()
         self._heartbeat("closing")  # a protocol may wait here for its neighbours to stop
+        if self._step is not None:  # the loop ended before the run stopped (epochs ran out)
+            self.protocol.loop_ended(self._step)
+            self._step = None
         self.protocol.close()
         if self._snapshots is not None:  # after close(): a passive AD-PSGD worker serves until
             self._snapshots.final(self._raw_model, self.runtime.elapsed(), self.iteration)

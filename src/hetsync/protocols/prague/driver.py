@@ -156,6 +156,22 @@ class Prague(Protocol):
         else:
             self._group_step(step)
 
+    def loop_ended(self, step: Step) -> None:
+        """The script's loop ended without a last step (its epochs ran out): the step begun
+        ends as a last one without an update. With the GG this worker's last request is
+        answered and every group it is in is run, so no member waits for it; on a static
+        schedule it proposes a stop and keeps averaging (no update) until the agreed step,
+        since the others may still have data."""
+        step.wants_stop = True
+        if self.static:
+            self._static_step(step)
+            while not step.stop:
+                step = Step(iteration=step.iteration + 1, wants_stop=True,
+                            on_phase=step.on_phase)
+                self._static_step(step)
+        elif self.core.state is WorkerState.COMPUTING:
+            (self._overlapped_step if self.overlap else self._group_step)(step)
+
     # --- random groups from the Group Generator ------------------------------------------
     def _group_step(self, step: Step) -> None:
         decisions = self.core.handle(StepFinished(iteration=step.iteration, last=step.wants_stop))
