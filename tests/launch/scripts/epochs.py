@@ -18,17 +18,17 @@ runtime = hetsync.init()
 out, epochs, batches = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if "uneven" in sys.argv[4:]:
     batches += runtime.rank
-model = nn.Linear(4, 3)
-optimizer = hetsync.SyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model)
+net = nn.Linear(4, 3)
+model, optimizer = hetsync.prepare(net, torch.optim.SGD(net.parameters(), lr=0.0))
 generator = torch.Generator().manual_seed(100 + runtime.rank)
 with torch.no_grad():
-    for p in model.parameters():
+    for p in net.parameters():
         p.copy_(torch.randn(p.shape, generator=generator) * (1 + runtime.rank))
-initial = torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+initial = torch.cat([p.detach().reshape(-1).clone() for p in net.parameters()])
 for x in optimizer.iterate([torch.zeros(2, 4)] * batches, epochs=epochs):
     optimizer.zero_grad()
     model(x).sum().backward()
     optimizer.step()
-final = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+final = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
 torch.save({"initial": initial, "final": final, "iteration": optimizer.iteration},
            f"{out}/final_rank{runtime.rank}.pt")
