@@ -273,6 +273,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._snapshots is not None:
             self._snapshots.resume(float(saved["elapsed"]))
         self.protocol.load_state_dict(saved["protocol"])
+        self.protocol.go_on_from(self.iteration)
         self._heartbeat("compute")
 
     def _begin_sync(self, step: Step) -> None:

@@ -156,6 +156,13 @@ class Prague(Protocol):
         else:
             self._group_step(step)
 
+    def go_on_from(self, iteration: int) -> None:
+        """The static schedule's steps count from 1 again: `--max-iterations` is K - iteration
+        of them (at least one; the first step's stop conditions then hold)."""
+        left = self.runtime.config.max_iterations
+        if left is not None:
+            self.stopping = StaticStop(self.stopping.lead, max(1, left - iteration))
+
     def loop_ended(self, step: Step) -> None:
         """The script's loop ended without a last step (its epochs ran out): the step begun
         ends as a last one without an update. With the GG this worker's last request is
