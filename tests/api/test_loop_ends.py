@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from hetsync.config import RunConfig
+from hetsync.errors import WorkerFailed
 from hetsync.launch.launcher import run
 
 pytestmark = pytest.mark.integration
@@ -80,3 +81,12 @@ def test_the_runs_stop_comes_first(protocol, options, workers, uneven, tmp_path)
     iterations = _run(tmp_path, protocol, options, workers, uneven, k)
     ends = [EPOCHS * (BATCHES + (r if uneven else 0)) for r in range(workers)]
     assert iterations == [min(k, end) for end in ends]
+
+
+def test_uneven_shards_under_a_lock_step_protocol_name_the_worker_whose_loop_ended(tmp_path):
+    """All-reduce's workers wait for each other every step: the worker whose data ran out
+    first is named, not blamed for a deadlock."""
+    script = [str(SCRIPT), str(tmp_path), "1", "3", "uneven"]
+    with pytest.raises(WorkerFailed, match="rank 0 ended its loop by itself after iteration 3"):
+        run(RunConfig(protocol="allreduce", workers=2, script=script, out=tmp_path / "run",
+                      hang_timeout=3.0, quiet=True))
