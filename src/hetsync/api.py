@@ -167,6 +167,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             )
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()  # the protocol missed a loss: it may wait for good
+        self._step = None  # until it completes: close() does not end a step that failed
         self._unscale()
         self.protocol.before_optimizer_step(step)
         if not step.skip_optimizer_step:
@@ -209,6 +210,9 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._log is not None:
             self._log.close()
         self._heartbeat("closing")  # a protocol may wait here for its neighbours to stop
+        if self._step is not None:  # the loop ended before the run stopped (epochs ran out)
+            self.protocol.loop_ended(self._step)
+            self._step = None
         self.protocol.close()
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()
@@ -273,6 +277,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._snapshots is not None:
             self._snapshots.resume(float(saved["elapsed"]))
         self.protocol.load_state_dict(saved["protocol"])
+        self.protocol.go_on_from(self.iteration)
         self._heartbeat("compute")
 
     def _begin_sync(self, step: Step) -> None:

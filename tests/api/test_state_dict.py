@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -56,3 +58,22 @@ def test_a_saved_run_goes_on_as_the_original(protocol, tmp_path):
     with pytest.raises(RuntimeError, match="before the first step"):
         resumed.load_state_dict(saved["opt"])
     resumed.close()
+
+
+@pytest.mark.parametrize(("protocol", "options"),
+                         [("prague", {"schedule": "static"}), ("dpsgd", {})])
+def test_a_resumed_run_stops_at_max_iterations(protocol, options, monkeypatch):
+    """Their stop logic foresees K on the protocol's own steps, which count from 1 again after
+    a resume: K = 12 resumed at 5 stopped at 13 here, and K = 100 resumed at 40 at 105
+    (D-PSGD, 4 hops) and 140 (static Prague, 8 workers)."""
+    runtime = hetsync.transport.runtime.current_runtime()
+    monkeypatch.setattr(runtime, "config", dataclasses.replace(
+        runtime.config, max_iterations=12, **options))
+    model, opt = _setup(protocol)
+    saved = opt.state_dict()
+    saved["hetsync"]["iteration"] = 5
+    opt.load_state_dict(saved)
+    while not opt.should_stop:
+        _steps(model, opt, opt.iteration, 1)
+    assert opt.iteration == 12
+    opt.close()

@@ -182,6 +182,14 @@ class Monitor:
             raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) at iteration "
                                f"{progress.iterations[rank] + 1} and made no progress for "
                                f"{self.hang_timeout:g} s")
+        ended = [r for r in live if self._loop_ended(r)]
+        if not computing and ended:  # a lock-step protocol's peers wait for it for good
+            rank = ended[0]
+            raise WorkerFailed(rank, (
+                f"ended its loop by itself after iteration {progress.iterations[rank]} (its "
+                f"data ran out before the run's stop) while the others wait for it in "
+                f"synchronisation: this protocol needs every worker to run as many iterations "
+                f"(equal shards, or stop with --max-iterations or --max-time)"), own=False)
         if computing:
             rank = computing[0]
             what = f"hung: no progress for {self.hang_timeout:g} s while computing"
@@ -194,6 +202,11 @@ class Monitor:
         stack = self._dump_stack(rank)
         raise WorkerFailed(rank, f"{what} (iteration {progress.iterations[rank] + 1})",
                            f"its stack:\n{stack}", own=bool(computing))
+
+    def _loop_ended(self, rank: int) -> bool:
+        """`rank` closed without a stop condition: its script's loop ended by itself."""
+        key = f"stopped/{rank}"
+        return self.store.check([key]) and self.store.get(key) == b""
 
     def _dump_stack(self, rank: int) -> str:
         stack_file = self.log_dir / f"rank{rank}.stack"

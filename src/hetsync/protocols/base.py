@@ -112,6 +112,15 @@ class Protocol:
         step.begin_sync()
         step.stop = step.wants_stop
 
+    def loop_ended(self, step: Step) -> None:
+        """The script's loop ended before the run stopped (its epochs ran out): `step` was
+        begun and will not run. A protocol whose workers wait for each other until they agree
+        to stop ends this worker's part here, so that `close()` leaves no peer waiting."""
+
+    def go_on_from(self, iteration: int) -> None:
+        """A resumed run goes on after iteration `iteration`, while the protocol's steps count
+        from 1 again: stop logic that foresees `--max-iterations` counts the steps left."""
+
     def state_dict(self) -> dict[str, Any]:
         """What this worker's side of the protocol must keep across a checkpoint and resume:
         state a resumed run cannot rebuild from the models. Synchronisation state (tokens,

@@ -56,9 +56,20 @@ class DPSGD(Protocol):
         self.tensors = model_tensors(model)
         self.frame = Frame.of(self.tensors, words=2)  # stop_at, time posted: float64 bits
         self.drift = BufferDrift(model)
-        self.core = DPSGDCore(runtime.rank, Neighbourhood.of_topology(self.topology, runtime.rank),
-                              flood_hops(self.topology), config.max_iterations)
+        self.core = self._new_core(config.max_iterations)
         self._exchange: _Exchange | None = None
+
+    def _new_core(self, max_iterations: int | None) -> DPSGDCore:
+        rank = self.runtime.rank
+        return DPSGDCore(rank, Neighbourhood.of_topology(self.topology, rank),
+                         flood_hops(self.topology), max_iterations)
+
+    def go_on_from(self, iteration: int) -> None:
+        """Steps count from 1 again: `--max-iterations` is K - iteration of them (at least one;
+        the first step's stop conditions then hold). Before the first exchange is posted."""
+        left = self.runtime.config.max_iterations
+        if left is not None:
+            self.core = self._new_core(max(1, left - iteration))
 
     def begin_iteration(self, step: Step) -> None:
         """Post the exchange of x_k; it runs while the gradient is computed. The first one is

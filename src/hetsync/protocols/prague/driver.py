@@ -137,7 +137,7 @@ class Prague(Protocol):
             if rank == 0:
                 self._gg = _GroupGeneratorService(group_generator(config), self._deliver,
                                                   config.ready_wait / 1000.0, self._host_group,
-                                                  runtime)
+                                                  runtime, self._gg_failed)
                 self._threads.append(self._gg.thread)
             elif runtime.world_size > 1:
                 self._threads.append(threading.Thread(target=self._receive, daemon=True,
@@ -156,6 +156,29 @@ class Prague(Protocol):
             self._overlapped_step(step)
         else:
             self._group_step(step)
+
+    def go_on_from(self, iteration: int) -> None:
+        """The static schedule's steps count from 1 again: `--max-iterations` is K - iteration
+        of them (at least one; the first step's stop conditions then hold)."""
+        left = self.runtime.config.max_iterations
+        if left is not None:
+            self.stopping = StaticStop(self.stopping.lead, max(1, left - iteration))
+
+    def loop_ended(self, step: Step) -> None:
+        """The script's loop ended without a last step (its epochs ran out): the step begun
+        ends as a last one without an update. With the GG this worker's last request is
+        answered and every group it is in is run, so no member waits for it; on a static
+        schedule it proposes a stop and keeps averaging (no update) until the agreed step,
+        since the others may still have data."""
+        step.wants_stop = True
+        if self.static:
+            self._static_step(step)
+            while not step.stop:
+                step = Step(iteration=step.iteration + 1, wants_stop=True,
+                            on_phase=step.on_phase)
+                self._static_step(step)
+        elif self.core.state is WorkerState.COMPUTING:
+            (self._overlapped_step if self.overlap else self._group_step)(step)
 
     # --- random groups from the Group Generator ------------------------------------------
     def _group_step(self, step: Step) -> None:
@@ -213,11 +236,11 @@ class Prague(Protocol):
                 _add_time(step, "overlap_wait_s", began)
         if isinstance(resume, BaseException):
             raise RuntimeError(f"prague: the P-Reduce thread failed: {resume!r}") from resume
-        with self._lock:
+        with self._lock:  # the communication thread adds to these under it
             step.extra["groups"], self._ran = self._ran, []
             step.extra["preduce_s"], self._comm_preduce_s = self._comm_preduce_s, 0.0
-        step.bytes_sent += self._sent_bytes
-        self._sent_bytes = 0
+            step.bytes_sent += self._sent_bytes
+            self._sent_bytes = 0
         step.stop = isinstance(resume, Leave)
 
     def _waiting_for(self) -> str:
@@ -284,7 +307,7 @@ class Prague(Protocol):
         with self._lock:
             self._ran.append([group.id, *group.members])
             self._comm_preduce_s += time.perf_counter() - began
-            self._sent_bytes += comm.numel() * comm.element_size() * (len(members) - 1)
+            self._sent_bytes += self._bytes_out(comm, members)
             self._to_gg(_FINISHED, group.id, 0.0)
             resume = self._execute(self.core.handle(PReduceFinished(group_id=group.id)))
         if resume is not None:
@@ -302,6 +325,14 @@ class Prague(Protocol):
         """Rank 0's GG hands rank 0 its own assignments directly."""
         assigned = GroupAssigned(group=assign.group, answers_request=assign.answers_request)
         self.inbox.put((assigned, time.perf_counter(), held))
+
+    def _gg_failed(self, error: BaseException) -> None:
+        """Rank 0's GG failed: rank 0's threads raise it at their next wait, with its traceback,
+        instead of every worker timing out and a deadlock being blamed on one of them."""
+        failure = RuntimeError(f"prague: the Group Generator (rank 0) failed: {error!r}")
+        failure.__cause__ = error
+        self.inbox.put(failure)
+        self._resume.put(failure)
 
     def _receive(self) -> None:
         """Assignments from the GG, in its order, until the answer to this worker's last
@@ -357,7 +388,16 @@ class Prague(Protocol):
                                         f"preduce{len(members)}", time.perf_counter() - began)
         with torch.no_grad():
             unflatten_into(flat, self.tensors)
-        step.bytes_sent += flat.numel() * flat.element_size() * (len(members) - 1)
+        step.bytes_sent += self._bytes_out(flat, members)
+
+    def _bytes_out(self, flat: torch.Tensor, members: tuple[int, ...]) -> int:
+        """What this rank sent to average `flat` over `members` with the P-Reduce kind that ran
+        (a mesh sends k-1 buffers, a ring 2(k-1)/k, a leader's member one)."""
+        real = flat.numel() * flat.element_size()
+        declared = self.network.scaled(real) if self.network is not None else real  # `auto`'s
+        sent = sum(m.nbytes for m in self.preducer.messages(members, declared)
+                   if m.src == self.rank)
+        return round(sent * real / declared) if declared else 0
 
     def _average(self, flat: torch.Tensor, members: tuple[int, ...]) -> tuple[int, ...]:
         """P-Reduce `flat` over `members`; the members it averaged over (lost ones left out)."""
@@ -390,6 +430,7 @@ class _GroupGeneratorService:
     def __init__(
         self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup, float], None],
         ready_wait: float, host_group: dist.ProcessGroup | None, runtime: Runtime,
+        on_error: Callable[[BaseException], None],
     ) -> None:
         self.core = core
         self._host_group = host_group
@@ -399,6 +440,7 @@ class _GroupGeneratorService:
         self._requested_at: dict[int, float] = {}
         self.inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
         self.error: BaseException | None = None
+        self._on_error = on_error
         self.ready_wait = ready_wait
         self.thread = threading.Thread(target=self._serve, name="prague-gg", daemon=True)
         """The generator; its receiver, which may wait on a lost worker for good, is left."""
@@ -453,6 +495,8 @@ class _GroupGeneratorService:
                     self._send_all(self.core.handle(GroupFinished(group_id=value, rank=rank)))
         except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
             self.error = error
+        if self.error is not None:  # its own, or its receiver's
+            self._on_error(self.error)
 
     def _send_all(self, assignments: list[AssignGroup]) -> None:
         now = time.perf_counter()

@@ -1,0 +1,65 @@
+"""Prague's driver in a world of one: what needs no peers (the GG's failures, byte counts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import hetsync
+from hetsync.api import SyncOptimizer
+from hetsync.cores.errors import RemoteProtocolError
+from hetsync.protocols.prague.driver import _FINISHED, Prague
+from hetsync.transport.preduce import make_preducer
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    hetsync.init(protocol="prague", hang_timeout=20.0)
+    yield
+    hetsync.shutdown()
+
+
+def _step(model: nn.Module, opt: SyncOptimizer) -> None:
+    opt.zero_grad()
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_group_generator_failure_is_raised_at_once_with_its_cause(overlap, monkeypatch):
+    runtime = hetsync.transport.runtime.current_runtime()
+    monkeypatch.setattr(runtime, "config", dataclasses.replace(runtime.config, overlap=overlap))
+    model = nn.Linear(4, 2)
+    opt = SyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    prague = opt.protocol
+    assert prague.overlap == overlap and prague._gg is not None
+    prague._gg.put(0, _FINISHED, 99, 0.0)  # a group the GG never assigned: it raises
+    began = time.monotonic()
+    with pytest.raises(RuntimeError, match="Group Generator") as raised:
+        for _ in range(3):
+            _step(model, opt)
+    assert time.monotonic() - began < 10  # not after the wait's timeout (45 s here)
+    cause = raised.value
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    assert isinstance(cause, RemoteProtocolError) and "group 99" in str(cause)
+    assert cause.__traceback__ is not None  # the GG thread's, printed with the error
+    with pytest.raises(RuntimeError, match="Group Generator failed"):
+        opt.close()
+
+
+@pytest.mark.parametrize(("kind", "rank", "buffers"),
+                         [("mesh", 1, 2.0), ("ring", 1, 4 / 3), ("leader", 0, 2.0),
+                          ("leader", 1, 1.0)])
+def test_bytes_sent_are_what_the_preduce_kind_sends(kind, rank, buffers):
+    """A group of 3: a mesh member sends 2 buffers, a ring member 2 x 2/3, a leader 2 and the
+    others 1 (all were counted as a mesh's)."""
+    prague = SimpleNamespace(rank=rank, network=None, preducer=make_preducer(kind, rank, 3))
+    flat = torch.zeros(12)  # 48 bytes
+    assert Prague._bytes_out(prague, flat, (0, 1, 2)) == round(48 * buffers)
+    assert Prague._bytes_out(prague, flat, (rank,)) == 0
