@@ -22,6 +22,7 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, Deadlock
 from hetsync.faults import parse_faults
 from hetsync.launch.launcher import RunLock, RunResult, default_out, prepare_run_dir
+from hetsync.metrics import strict_json
 from hetsync.metrics.summary import summarize_rows, write_summary
 from hetsync.network.emulator import model_bytes
 from hetsync.network.spec import parse_payload
@@ -193,13 +194,12 @@ def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
            stop_reason: str | None, elapsed: float, options: SimOptions) -> None:
     workers_dir = run_dir / "workers"
     workers_dir.mkdir(exist_ok=True)
-    dumps = json.JSONEncoder(separators=(", ", ": ")).encode
     for worker in sim.workers:
-        lines = [dumps(row) for row in worker.rows]
+        lines = [strict_json.dumps(row) for row in worker.rows]
         (workers_dir / f"rank{worker.rank}.jsonl").write_text(
             "\n".join(lines) + ("\n" if lines else ""))
     if evals:
-        (run_dir / "eval.jsonl").write_text("".join(json.dumps(e) + "\n" for e in evals))
+        (run_dir / "eval.jsonl").write_text("".join(strict_json.dumps(e) + "\n" for e in evals))
     config = sim.config
     summary = summarize_rows([w.rows for w in sim.workers], evals, config, stop_reason)
     summary["engine"] = "simulator" + (" (math)" if sim.math is not None else "")
@@ -219,4 +219,4 @@ def _write(run_dir: Path, sim: Simulation, evals: list[dict[str, Any]],
         "simulated_s": sim.clock.now, "events": sim.clock.events,
         "wall_s": round(elapsed, 3),
     }
-    (run_dir / "simulation.json").write_text(json.dumps(simulation, indent=2) + "\n")
+    (run_dir / "simulation.json").write_text(strict_json.dumps(simulation, indent=2) + "\n")
