@@ -21,7 +21,13 @@ from tqdm import tqdm
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, Deadlock
 from hetsync.faults import parse_faults
-from hetsync.launch.launcher import RunLock, RunResult, default_out, prepare_run_dir
+from hetsync.launch.launcher import (
+    RunLock,
+    RunResult,
+    check_capacity,
+    default_out,
+    prepare_run_dir,
+)
 from hetsync.metrics import strict_json
 from hetsync.metrics.summary import summarize_rows, write_summary
 from hetsync.network.emulator import model_bytes
@@ -34,6 +40,11 @@ from hetsync.simulator.world import Simulation
 from hetsync.workloads import get_workload
 
 __all__ = ["SimOptions", "build", "run_events", "simulate"]
+
+
+#: Memory of one simulated worker, timing only: measured about 6 KB at the start (1,000 to
+#: 8,000 Prague workers added 40 MB here), and its rows grow by one per iteration.
+SIMULATED_WORKER_BYTES = 64 * 2**10
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,11 @@ def _kills(config: RunConfig) -> list[tuple[int, float]]:
 def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult:
     """Simulate `config`; raise ConfigError before starting, `Deadlock` if it cannot finish.
     The run directory gets its summary however the simulation ends."""
+    per_worker = SIMULATED_WORKER_BYTES
+    if options.math:  # each worker's model, momentum and gradient (MathModel), with room
+        per_worker += 4 * model_bytes(get_workload(config.workload).build_model())
+    # Before validate(), which builds structures as large as the run (Prague's GG).
+    check_capacity(config.workers, per_worker=per_worker, what="simulated workers")
     config = config.validate().resolved()
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
