@@ -81,3 +81,17 @@ def test_report_of_a_truncated_summary_is_one_line(tmp_path):
     (tmp_path / "summary.json").write_bytes(BINARY)
     with pytest.raises(ConfigError, match="cannot be read"):
         load_run(tmp_path)
+
+
+@pytest.mark.parametrize("with_math", [False, True])
+def test_simulating_more_workers_than_memory_holds_says_what_fits(tmp_path, with_math):
+    """`hetsync simulate --workers 100000000` ran until killed (Prague's check alone built a
+    Group Generator that size): refused at once, before the run directory exists."""
+    from hetsync.simulator.run import SimOptions, simulate
+
+    config = RunConfig(workload="svm", protocol="prague", workers=10**9, step_time=100.0,
+                       max_time=1.0, out=tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"--workers 1000000000: .* GiB of memory available, "
+                                          r"enough for about \d+ simulated workers"):
+        simulate(config, SimOptions(math=with_math, progress=False))
+    assert not (tmp_path / "run").exists()

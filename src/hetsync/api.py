@@ -20,6 +20,7 @@ hetsync's own workloads train through exactly this loop (hetsync/launch/worker.p
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Iterable, Iterator
 from functools import partial
@@ -94,6 +95,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.should_stop = False
         self.stop_reason: str | None = None
         self._stop_requested = False
+        self._diverged: str | None = None  # the stop reason once a loss was NaN or infinite
         self._closed = False
         self._next_stop_poll = 0.0
         run_dir = self.runtime.run_dir
@@ -168,6 +170,12 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()  # the protocol missed a loss: it may wait for good
         self._step = None  # until it completes: close() does not end a step that failed
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+        if value is not None and not math.isfinite(value) and self._diverged is None:
+            # Every worker stops (through the store, as at the target): a diverged model has
+            # no figure left to give, and its NaNs would spread to the others' through the sync.
+            self._diverged = f"diverged at iteration {self._resumed_at + step.iteration}"
+            self.runtime.store.set(STOP_KEY, self._diverged)
         self._unscale()
         self.protocol.before_optimizer_step(step)
         if not step.skip_optimizer_step:
@@ -175,7 +183,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.protocol.after_optimizer_step(step)
         self.iteration = self._resumed_at + step.iteration
         self.should_stop = step.stop
-        self._record(step, loss)
+        self._record(step, value)
         # No iteration begins after the last: a protocol that starts its exchange when an
         # iteration begins (D-PSGD, AD-PSGD) would start one that nobody finishes.
         self._step = None if step.stop else self._new_step()
@@ -328,7 +336,9 @@ class SyncOptimizer(torch.optim.Optimizer):
     def _wants_stop(self, iteration: int) -> bool:
         config = self.runtime.config
         reason = None
-        if self._stop_requested:
+        if self._diverged is not None:
+            reason = self._diverged
+        elif self._stop_requested:
             reason = "script"
         elif config.max_iterations is not None and iteration >= config.max_iterations:
             reason = "max_iterations"
@@ -342,17 +352,16 @@ class SyncOptimizer(torch.optim.Optimizer):
             self.stop_reason = reason
         return reason is not None
 
-    def _record(self, step: Step, loss: torch.Tensor | float | None) -> None:
+    def _record(self, step: Step, loss: float | None) -> None:
         elapsed = self.runtime.elapsed()
         if self.protocol.network is not None:
             step.network_s += self.protocol.network.take_background()
         if self._log is not None:
-            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
             self._log.append(
                 {
                     "t": round(elapsed, 4),
                     "iteration": self.iteration,
-                    "loss": value,
+                    "loss": loss,
                     "compute_s": round(step.compute_s, 6),
                     "injected_delay_s": round(step.injected_delay_s, 6),
                     "sync_wait_s": round(step.sync_wait_s, 6),

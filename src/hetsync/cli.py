@@ -397,6 +397,9 @@ def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
     if summary["final_loss"] is not None:
         parts.append(f"final loss {summary['final_loss']:.4f}")
     parts.append(f"sync wait {100 * float(summary['sync_wait_fraction']):.0f}%")
+    reason = summary.get("stop_reason")
+    if isinstance(reason, str) and reason.startswith("diverged"):
+        parts.append(reason)
     lost = summary.get("lost_workers")
     if isinstance(lost, list) and lost:
         ranks = ", ".join(str(w["rank"]) for w in lost)

@@ -16,6 +16,7 @@ from typing import Any
 
 from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
+from hetsync.metrics import strict_json
 from hetsync.network.spec import parse_network, parse_payload
 from hetsync.protocols.catalog import (
     BUILTIN,
@@ -208,7 +209,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         for key in ("out", "data_dir"):
             if values[key] is not None:
                 values[key] = str(values[key])
-        return json.dumps(values, indent=2)
+        return strict_json.dumps(values, indent=2)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> RunConfig:

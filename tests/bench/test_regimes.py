@@ -65,5 +65,27 @@ def test_paper_ratios_sit_beside_the_measured_ones():
                                      _row("ps-sync", 30.0, 50.0)]),
     ])
     text = "\n".join(paper_lines(results))
-    assert "| paper · homogeneous | allreduce | 1.2x | 1.20x (throughput 1.10x) |" in text
-    assert "| paper · homogeneous | ps-sync | 5.3x | 3.00x" in text
+    # The paper's own loop first, then the overlapped default; a variant not run is "-".
+    assert ("| paper · homogeneous | allreduce | 1.2x | 0.80x (throughput 0.90x) | 1.20x "
+            "(throughput 1.10x) | - (throughput -) |") in text
+    assert "| paper · homogeneous | ps-sync | 5.3x | 2.00x (throughput 1.80x) | 3.00x" in text
+
+
+def test_the_paper_suite_runs_the_papers_prague_beside_the_overlapped_default(tmp_path):
+    """`prague-paper` ran with --overlap, D-PSGD's update, while the reports called it the
+    paper's: it is the paper's loop now, and every overlapped variant says what it is."""
+    from hetsync.bench.markdown import legend_lines
+    from hetsync.bench.suites import EVERY_PROTOCOL
+
+    runs = plan(PAPER, BenchOptions(suite="paper", workload="svm"), tmp_path)
+    paper = {r.variant.label: r.config for r in runs}
+    assert {"prague-paper", "prague", "prague-paper-overlap"} <= set(paper)
+    loop = paper["prague-paper"]
+    assert (loop.gg_policy, loop.group_buffer, loop.overlap) == ("random", True, False)
+    assert paper["prague"].overlap and paper["prague-paper-overlap"].overlap
+    for variant in EVERY_PROTOCOL:
+        if variant.options["protocol"] == "prague" and variant.options.get("overlap", True):
+            assert "overlapped" in variant.about and "combine-then-adapt" in variant.about
+    legend = "\n".join(legend_lines(runs))
+    assert "- `prague-paper`: the Prague paper's loop" in legend
+    assert "- `prague`: Prague's ready groups, overlapped: D-PSGD's" in legend

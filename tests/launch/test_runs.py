@@ -253,3 +253,24 @@ def test_delayed_messages_hold_the_receivers_back(tmp_path):
     assert result.summary["iterations"] == [8, 8, 8]
     waits = [row["sync_wait_s"] for row in read_jsonl(out / "workers" / "rank0.jsonl")]
     assert sum(waits) > 8 * 0.1
+
+
+def test_a_diverged_run_stops_every_worker_and_claims_no_target(train_run):
+    """`--lr 1e30` on svm: the loss becomes infinite, then NaN. The run stops there on every
+    worker, says so, claims no time to target, and every file it wrote is strict JSON."""
+    result = train_run(workload="svm", protocol="prague", group_size=2, lr=1e30,
+                       max_time=60.0)
+    summary = result.summary
+    assert summary["stop_reason"].startswith("diverged at iteration ")
+    diverged_at = int(summary["stop_reason"].rsplit(" ", 1)[1])
+    assert summary["time_to_target_s"] is None
+    assert all(0 < iterations <= diverged_at + 2 for iterations in summary["iterations"])
+
+    def refuse(name: str) -> object:
+        raise ValueError(f"{name} in a JSON file")
+
+    for path in result.run_dir.rglob("*.json*"):
+        for line in ([path.read_text()] if path.suffix == ".json" else
+                     path.read_text().splitlines()):
+            json.loads(line, parse_constant=refuse)
+    assert not _processes_of(result.run_dir)

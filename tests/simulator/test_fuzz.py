@@ -32,3 +32,18 @@ def test_the_fuzzer_catches_a_sum_that_is_not_conserved(monkeypatch):
     monkeypatch.setattr(fuzzing, "CONSERVING", fuzzing.CONSERVING | {"ps-sync"})
     result = fuzz("ps-sync", schedules=5)
     assert len(result.failures) == 5 and "drifted" in result.failures[0]
+
+
+def test_every_variant_fuzzes_its_own_configuration():
+    """Two names for one configuration fuzz it twice (`prague-overlap` was `prague`, since
+    overlap is the default), and the paper's loop, between steps, was fuzzed by none."""
+    from dataclasses import asdict
+
+    from hetsync.config import RunConfig
+
+    configs = {name: asdict(RunConfig(**options)) for name, options in VARIANTS.items()}
+    assert len({repr(sorted(c.items())) for c in configs.values()}) == len(configs)
+    paper = {"gg_policy": "random", "group_buffer": True, "overlap": False}
+    for name in ("prague-paper", "prague-paper-lose1"):
+        assert paper.items() <= configs[name].items()
+    assert not configs["prague-between"]["overlap"] and configs["prague-paper-overlap"]["overlap"]

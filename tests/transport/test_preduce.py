@@ -1,5 +1,6 @@
 """P-Reduce on 8 real processes over gloo, every implementation: exact averages, non-members
-untouched, concurrent disjoint groups, members with different group histories."""
+untouched, concurrent disjoint groups, members with different group histories. Also the mesh's
+`average_surviving`, the P-Reduce of every `--on-failure continue` Prague run, without a loss."""
 
 from __future__ import annotations
 
@@ -39,7 +40,14 @@ SCHEDULE: list[list[tuple[int, ...]]] = [
 VARIANTS: dict[str, dict[str, object]] = {
     **{kind: {"kind": kind} for kind in KINDS},
     "subgroup-cache2": {"kind": "subgroup", "cache_size": 2},
+    "mesh-surviving": {"kind": "mesh"},
 }
+#: Variants that average through `average_surviving` (no member is lost: none may be refused).
+SURVIVING = frozenset({"mesh-surviving"})
+
+
+def _no_loss(peer: int, error: BaseException) -> None:
+    raise AssertionError(f"average_surviving left out rank {peer}, which was not lost") from error
 
 
 def _initial(rank: int) -> torch.Tensor:
@@ -60,7 +68,9 @@ def _worker(rank: int, port: int, out: Path) -> None:
         states[name] = []
         for groups in SCHEDULE:
             for group in groups:
-                if rank in group:
+                if rank in group and name in SURVIVING:
+                    assert preducer.average_surviving(flat, group, _no_loss) == group
+                elif rank in group:
                     preducer.average(flat, group)
             states[name].append(flat.clone())
         preducer.close()

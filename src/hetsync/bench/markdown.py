@@ -10,7 +10,7 @@ from hetsync.bench.regime_map import plot_regime_map, regime_cells
 from hetsync.bench.results import speedup
 from hetsync.bench.runner import PlannedRun
 from hetsync.bench.scaling import scaling_lines
-from hetsync.bench.suites import PAPER_RATIOS
+from hetsync.bench.suites import PAPER_PRAGUES, PAPER_RATIOS
 from hetsync.report import write_report
 from hetsync.report.plots import slug
 from hetsync.report.table import MISSING, percent, sig
@@ -127,13 +127,14 @@ def paper_lines(results: dict[str, Any]) -> list[str]:
     if results["suite"] != "paper":
         return []
     settings = {s["name"]: {r["label"]: r for r in s["results"]} for s in results["settings"]}
-    rows = ["| setting | Prague over | paper | prague (default) | prague-paper |",
-            "| --- | --- | --- | --- | --- |"]
+    rows = ["| setting | Prague over | paper | prague-paper (the paper's loop) | prague (default: "
+            "ready groups, overlapped) | prague-paper-overlap (paper's groups, overlapped) |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for setting, baseline, paper in PAPER_RATIOS:
         by_label = settings.get(setting, {})
         base = by_label.get(baseline)
         cells = []
-        for label in ("prague", "prague-paper"):
+        for label in PAPER_PRAGUES:
             row = by_label.get(label)
             ratio = speedup(base, row) if base and row else None
             throughput = (row["samples_per_s"] / base["samples_per_s"]) if (
@@ -142,7 +143,18 @@ def paper_lines(results: dict[str, Any]) -> list[str]:
         rows.append(f"| {setting} | {baseline} | {paper:.1f}x | " + " | ".join(cells) + " |")
     return ["## The paper's ratios\n", "Time-to-target speed-ups (throughput ratios in "
             "brackets) against the Prague paper's headline figures; the setting is "
-            "reconstructed, see the suite's description.\n", "\n".join(rows) + "\n"]
+            "reconstructed, see the suite's description. The paper's figures compare with "
+            "`prague-paper`, its own loop; the overlapped variants make D-PSGD's "
+            "combine-then-adapt update on one-step-stale averages.\n", "\n".join(rows) + "\n"]
+
+
+def legend_lines(runs: list[PlannedRun]) -> list[str]:
+    """What each variant whose label could mislead is (overlapped Prague is not the paper's)."""
+    about = {r.variant.label: r.variant.about for r in runs if r.variant.about}
+    if not about:
+        return []
+    return ["## Variants\n", "\n".join(f"- `{label}`: {text}" for label, text in about.items())
+            + "\n"]
 
 
 def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
@@ -168,6 +180,7 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
            "own cores decide.\n"] if results.get("simulated") else []),
         "## Headline\n",
         "\n".join(headline_lines(results)) + "\n",
+        *legend_lines(runs),
     ]
     sections += regime_lines(results, out)
     if results.get("simulated"):

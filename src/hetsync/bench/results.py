@@ -17,6 +17,7 @@ from typing import Any
 
 from hetsync.bench.runner import FAILED_FILE, BenchOptions, PlannedRun
 from hetsync.bench.suites import Setting, Suite, Variant
+from hetsync.metrics import strict_json
 
 __all__ = ["BASELINES", "collect", "headline", "speedup", "write_results"]
 
@@ -140,5 +141,5 @@ def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],
 
 def write_results(results: dict[str, Any], out: Path) -> Path:
     path = out / "results.json"
-    path.write_text(json.dumps(results, indent=2) + "\n")
+    path.write_text(strict_json.dumps(results, indent=2) + "\n")
     return path

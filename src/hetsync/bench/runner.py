@@ -18,6 +18,7 @@ from hetsync.bench.suites import Setting, Suite, Variant, eval_every, get_suite
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, Deadlock, WorkerFailed
 from hetsync.launch.launcher import run as launch
+from hetsync.metrics import strict_json
 from hetsync.report.plots import slug
 from hetsync.simulator.run import SimOptions, simulate
 from hetsync.workloads import get_workload
@@ -145,7 +146,7 @@ def _claim_folder(out: Path, options: BenchOptions, resume: bool) -> None:
     if resume:
         raise ConfigError(f"--resume: {out} holds no suite run ({SUITE_FILE} missing)")
     out.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(asdict(options), indent=2) + "\n")
+    record.write_text(strict_json.dumps(asdict(options), indent=2) + "\n")
 
 
 def recorded_options(out: Path) -> BenchOptions | None:

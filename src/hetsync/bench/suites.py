@@ -25,10 +25,12 @@ class Variant:
 
     label: str
     options: MappingProxyType[str, Any]
+    about: str = ""
+    """What the variant is, for the reports' legend, where its label could mislead."""
 
     @classmethod
-    def of(cls, label: str, **options: Any) -> Variant:
-        return cls(label, MappingProxyType(options))
+    def of(cls, label: str, about: str = "", **options: Any) -> Variant:
+        return cls(label, MappingProxyType(options), about)
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,9 @@ class Suite:
 
 
 PRAGUE_RANDOM = {"protocol": "prague", "gg_policy": "random"}
+#: What `--overlap` (Prague's default) makes of a Prague variant: not the paper's update.
+OVERLAPPED = ("Prague's {}, overlapped: D-PSGD's combine-then-adapt update with one-step-stale "
+              "averages (docs/hop-prague.md)")
 
 #: Every protocol hetsync has, with the variants the papers evaluate. Decentralized protocols
 #: use their default graph, the ring.
@@ -86,13 +91,20 @@ EVERY_PROTOCOL = (
     # On an undirected ring with no backup worker nobody can fall behind: skipping needs one.
     Variant.of("hop-skip", protocol="hop", backup=1, skip=True),
     # The default: groups of ready workers, P-Reduces beside the next step's compute.
-    Variant.of("prague", protocol="prague"),
-    Variant.of("prague-no-overlap", protocol="prague", overlap=False),  # as before issue 15
-    Variant.of("prague-static", protocol="prague", schedule="static"),
-    Variant.of("prague-random", **PRAGUE_RANDOM),
-    # The Prague paper's Group Generator: random groups, with Group Buffer as the docs read it.
-    Variant.of("prague-paper", **PRAGUE_RANDOM, group_buffer=True),
-    Variant.of("prague-division2", **PRAGUE_RANDOM, group_division=2),
+    Variant.of("prague", OVERLAPPED.format("ready groups"), protocol="prague"),
+    Variant.of("prague-no-overlap", "Prague's ready groups, P-Reduce between steps (the "
+               "default before issue 15)", protocol="prague", overlap=False),
+    Variant.of("prague-static", OVERLAPPED.format("static schedule"), protocol="prague",
+               schedule="static"),
+    Variant.of("prague-random", OVERLAPPED.format("random groups"), **PRAGUE_RANDOM),
+    # The Prague paper's loop: random groups, Group Buffer as the docs read it, and the
+    # P-Reduce between steps (members leave it holding the group average).
+    Variant.of("prague-paper", "the Prague paper's loop: random groups, Group Buffer, "
+               "P-Reduce between steps", **PRAGUE_RANDOM, group_buffer=True, overlap=False),
+    Variant.of("prague-paper-overlap", OVERLAPPED.format("the paper's random groups + Group "
+               "Buffer"), **PRAGUE_RANDOM, group_buffer=True),
+    Variant.of("prague-division2", OVERLAPPED.format("random groups, Group Division 2"),
+               **PRAGUE_RANDOM, group_division=2),
     # Synchronous SGD that waits for the fastest n-1 workers (Chen et al. 2016).
     Variant.of("ps-backup1", protocol="ps", ps_mode="sync", ps_backup=1),
 )
@@ -192,9 +204,11 @@ PAPER = Suite(
     tuple(Setting(f"paper · {het}", HETEROGENEITY[het], workers=16, network=NETWORKS["10Gbit"],
                   payload="resnet50", step_time=100.0)
           for het in ("homogeneous", "one 5x slow")),
-    _pick("allreduce", "ps-sync", "adpsgd", "prague", "prague-paper"),
+    _pick("allreduce", "ps-sync", "adpsgd", "prague-paper", "prague", "prague-paper-overlap"),
     target_loss={"cnn": 0.5, "svm": 0.15}, max_time=40.0,
 )
+#: The paper suite's Prague columns: the paper's own loop first, then the overlapped ones.
+PAPER_PRAGUES = ("prague-paper", "prague", "prague-paper-overlap")
 #: The paper's headline ratios for Prague (ASPLOS'20 abstract): setting, baseline, ratio.
 PAPER_RATIOS = (("paper · homogeneous", "allreduce", 1.2), ("paper · one 5x slow", "allreduce",
                 4.4), ("paper · homogeneous", "adpsgd", 3.7), ("paper · homogeneous", "ps-sync",

@@ -60,8 +60,8 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     However it ends (a failure, Ctrl-C, SIGTERM), the run directory gets a summary.json of
     what was measured, with the reason it stopped. `resume`: go on with the run in
     `config.out` from its workers' checkpoints (hetsync.launch.checkpoint)."""
+    check_capacity(config.workers)  # first: validate() sizes structures by the worker count
     config = config.validate().resolved()
-    check_capacity(config.workers)
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
         extra: dict[str, Any] = {}
@@ -95,18 +95,20 @@ def _earlier_resumes(run_dir: Path) -> list[dict[str, Any]]:
 WORKER_MEMORY_BYTES = 200 * 2**20
 
 
-def check_capacity(workers: int, meminfo: Path = Path("/proc/meminfo")) -> None:
-    """Refuse a worker count whose processes this machine's free memory cannot hold."""
+def check_capacity(workers: int, meminfo: Path = Path("/proc/meminfo"),
+                   per_worker: int = WORKER_MEMORY_BYTES, what: str = "workers") -> None:
+    """Refuse a worker count whose processes (or simulated workers, `per_worker` bytes each)
+    this machine's free memory cannot hold."""
     try:
         fields = dict(line.split(":", 1) for line in meminfo.read_text().splitlines())
         available = int(fields["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return  # not Linux: nothing to check against
-    fit = available // WORKER_MEMORY_BYTES
-    if workers > fit:
+    fit = available // per_worker
+    if isinstance(workers, int) and workers > fit:
+        each = f"{per_worker >> 20} MB" if per_worker >= 2**20 else f"{per_worker >> 10} KB"
         raise ConfigError(f"--workers {workers}: this machine has {available / 2**30:.1f} GiB of "
-                          f"memory available, enough for about {fit} workers "
-                          f"({WORKER_MEMORY_BYTES >> 20} MB each)")
+                          f"memory available, enough for about {fit} {what} ({each} each)")
 
 
 def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:

@@ -17,7 +17,6 @@ sets, one above and one at or below. The crossing is then known to one snapshot 
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hetsync.metrics import strict_json
 from hetsync.metrics.worker_log import snapshot_path
 from hetsync.workloads import Workload
 
@@ -232,10 +232,15 @@ class Evaluator:
     def _measure(
         self, state: dict[str, torch.Tensor], subset: bool
     ) -> tuple[float | None, float | None]:
-        return self.measure(state, subset) if self.measure is not None else (None, None)
+        """The loss and accuracy of `state`; a NaN or infinite one (a diverged model) is None,
+        so it is written as null and never taken for a loss at or below the target."""
+        if self.measure is None:
+            return None, None
+        loss, accuracy = self.measure(state, subset)
+        return strict_json.finite(loss), strict_json.finite(accuracy)
 
     def _write(self, row: dict[str, object]) -> None:
-        self._out.write(json.dumps(row) + "\n")
+        self._out.write(strict_json.dumps(row) + "\n")
         self._out.flush()
 
     def _discard(self, index: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from hetsync.config import RunConfig
+from hetsync.metrics import strict_json
 from hetsync.metrics.atomic import write_text
 
 __all__ = ["read_jsonl", "summarize", "summarize_rows", "time_to_target", "write_summary"]
@@ -84,11 +85,12 @@ def time_to_target(
     """When the consensus loss first reached `target`, linearly interpolated between the last
     evaluation above it and the first at or below it, with those two times (the bracket: the
     crossing is known to lie between them). None if never reached; a target met by the first
-    evaluation has the bracket [0, its time] and that time."""
+    evaluation has the bracket [0, its time] and that time. A NaN loss (a diverged model) is
+    no measurement: it never reaches the target."""
     if target is None:
         return None
     rows = sorted((row for row in evals if row["model"] in ("consensus", "final")
-                   and row.get("loss") is not None), key=lambda row: row["t"])
+                   and strict_json.finite(row.get("loss")) is not None), key=lambda row: row["t"])
     above: dict[str, Any] | None = None
     for row in rows:
         if row["loss"] > target:
@@ -122,5 +124,5 @@ def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     """Write summary.json atomically: a reader (report, bench --resume) never sees half."""
     path = run_dir / "summary.json"
-    write_text(path, json.dumps(summary, indent=2) + "\n")
+    write_text(path, strict_json.dumps(summary, indent=2) + "\n")
     return path

@@ -17,6 +17,7 @@ from typing import IO
 import torch
 from torch import nn
 
+from hetsync.metrics import strict_json
 from hetsync.metrics.atomic import replacing, write_text
 
 __all__ = ["IterationLog", "Snapshotter", "snapshot_path"]
@@ -55,7 +56,7 @@ class IterationLog:
         self._mode = "a"
 
     def append(self, row: dict[str, float | int]) -> None:
-        self._rows.append(json.dumps(row))
+        self._rows.append(strict_json.dumps(row))
         if time.monotonic() - self._last_flush >= self._flush_every:
             self.flush()
 

@@ -46,6 +46,8 @@ from hetsync.simulator.world import DETECTION_S
 __all__ = ["CONSERVING", "VARIANTS", "FuzzResult", "fuzz"]
 
 #: The variants fuzzed: every protocol, and every option that changes who waits for whom.
+#: Prague's default P-Reduces beside the next step (`--overlap`); `-between` and `prague-paper`
+#: run them between steps (`--no-overlap`), the paper's loop, which has its own worker core.
 VARIANTS: dict[str, dict[str, Any]] = {
     "allreduce": {"protocol": "allreduce"},
     "ps-sync": {"protocol": "ps"},
@@ -59,27 +61,27 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "hop-staleness2": {"protocol": "hop", "staleness": 2, "max_gap": 4},
     "prague": {"protocol": "prague"},
     "prague-random": {"protocol": "prague", "gg_policy": "random"},
-    "prague-paper": {"protocol": "prague", "gg_policy": "random", "group_buffer": True},
+    "prague-between": {"protocol": "prague", "overlap": False},
+    "prague-paper": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
+                     "overlap": False},
+    "prague-paper-overlap": {"protocol": "prague", "gg_policy": "random", "group_buffer": True},
     "prague-batch": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
                      "group_buffer_mode": "batch"},
     "prague-static": {"protocol": "prague", "schedule": "static"},
-    "prague-overlap": {"protocol": "prague", "overlap": True},
-    "prague-random-overlap": {"protocol": "prague", "gg_policy": "random", "overlap": True},
-    "prague-paper-overlap": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
-                             "overlap": True},
     "hop-lose1": {"protocol": "hop", "backup": 1, "on_failure": "continue"},
     "adpsgd-lose1": {"protocol": "adpsgd", "on_failure": "continue"},
     "prague-lose1": {"protocol": "prague", "on_failure": "continue"},
+    "prague-between-lose1": {"protocol": "prague", "overlap": False, "on_failure": "continue"},
     "prague-paper-lose1": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
-                           "on_failure": "continue"},
+                           "overlap": False, "on_failure": "continue"},
     "ps-async-lose1": {"protocol": "ps", "ps_mode": "async", "on_failure": "continue"},
     "ps-sync-lose1": {"protocol": "ps", "on_failure": "continue"},
 }
 #: Variants whose averaging conserves the sum of the models (with lr 0); the others replace
 #: models by a server's (ps), drop late updates (backup) or merge unequally (skipping).
 CONSERVING = frozenset({"allreduce", "dpsgd", "adpsgd", "hop", "hop-notify-ack", "prague",
-                        "prague-random", "prague-paper", "prague-batch", "prague-static",
-                        "prague-overlap", "prague-random-overlap", "prague-paper-overlap"})
+                        "prague-random", "prague-between", "prague-paper",
+                        "prague-paper-overlap", "prague-batch", "prague-static"})
 _ITERATIONS = 12
 
 
