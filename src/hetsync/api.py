@@ -221,6 +221,8 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._step is not None:  # the loop ended before the run stopped (epochs ran out)
             self.protocol.loop_ended(self._step)
             self._step = None
+            if self.stop_reason is None:
+                self.stop_reason = f"loop ended after iteration {self.iteration}"
         self.protocol.close()
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()

@@ -48,8 +48,9 @@ ENDINGS = [
 
 
 def _run(tmp_path: Path, protocol: str, options: dict, workers: int, uneven: bool,
-         max_iterations: int | None) -> list[int]:
-    """Run the script; check the sum of the models; the iterations each worker ran."""
+         max_iterations: int | None) -> tuple[list[int], str | None]:
+    """Run the script; check the sum of the models; the iterations each worker ran and the
+    run's stop reason."""
     out = tmp_path / "run"
     out.mkdir()
     script = [str(SCRIPT), str(out), str(EPOCHS), str(BATCHES), *(["uneven"] if uneven else [])]
@@ -64,12 +65,13 @@ def _run(tmp_path: Path, protocol: str, options: dict, workers: int, uneven: boo
         assert torch.allclose(torch.stack([s["final"] for s in saved]).sum(0), initial,
                               atol=1e-5)
     assert result.summary["iterations"] == [s["iteration"] for s in saved]
-    return [s["iteration"] for s in saved]
+    return [s["iteration"] for s in saved], result.summary["stop_reason"]
 
 
 @pytest.mark.parametrize(("protocol", "options", "workers", "uneven"), ENDINGS)
 def test_the_loop_ends_by_itself(protocol, options, workers, uneven, tmp_path):
-    iterations = _run(tmp_path, protocol, options, workers, uneven, None)
+    iterations, reason = _run(tmp_path, protocol, options, workers, uneven, None)
+    assert reason is not None and reason.startswith("loop ended after iteration")
     assert iterations == [EPOCHS * (BATCHES + (r if uneven else 0)) for r in range(workers)]
 
 
@@ -80,7 +82,7 @@ def test_the_runs_stop_comes_first(protocol, options, workers, uneven, tmp_path)
     """--max-iterations before the loop's end; with uneven shards after rank 0's end, before
     the others' (each ends at the earlier of the two)."""
     k = EPOCHS * BATCHES + (1 if uneven else -3)
-    iterations = _run(tmp_path, protocol, options, workers, uneven, k)
+    iterations, _ = _run(tmp_path, protocol, options, workers, uneven, k)
     ends = [EPOCHS * (BATCHES + (r if uneven else 0)) for r in range(workers)]
     assert iterations == [min(k, end) for end in ends]
 

@@ -46,7 +46,6 @@ do that, so it is the P-Reduce used). Rank 0 hosts the GG: its loss ends the run
 from __future__ import annotations
 
 import dataclasses
-import json
 import queue
 import threading
 import time
@@ -57,6 +56,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.metrics import strict_json
 from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
@@ -419,7 +419,8 @@ class Prague(Protocol):
                 self._gg.raise_error()
                 if self.runtime.run_dir is not None:
                     stats = dataclasses.asdict(self._gg.core.stats)
-                    (self.runtime.run_dir / "group_generator.json").write_text(json.dumps(stats))
+                    path = self.runtime.run_dir / "group_generator.json"
+                    path.write_text(strict_json.dumps(stats))
         self.preducer.close()
 
 
