@@ -194,6 +194,8 @@ def known_defect(result: Outcome) -> str | None:
     """Which defect of issue 20 a failure looks like (the lead reruns these after the fixes)."""
     text = f"{result.last_line} {' '.join(result.problems)} {result.log_tail}"
     protocol = VARIANTS[result.case.variant][1]
+    if "receiver thread failed" in text and "Connection closed by peer" in text:
+        return "a receiver thread took a lost peer's closed connection for an error"
     if "at the end of the run" in text:
         return "end barrier (issue 20 item 2)"
     if protocol == "ps" and (result.outcome in ("hang", "failed")
