@@ -38,6 +38,8 @@ __all__ = ["LOST_KEY", "LostWorkers", "unless_lost"]
 
 LOST_KEY = "lost"
 POLL_S = 0.1
+RETRIES_PER_PEER = 4
+"""How many failed receives from any source one dead peer may explain."""
 
 
 def unless_lost(lost: LostWorkers | None, peer: int, transfer: Callable[[], object]) -> bool:
@@ -111,16 +113,23 @@ class LostWorkers:
 
     def receive_any(self, buffer: torch.Tensor, tag: int,
                     group: dist.ProcessGroup | None) -> int:
-        """`dist.recv(buffer, src=None, ...)`, tried again after each peer's death that fails
-        it (at most one per peer); returns the source."""
+        """`dist.recv(buffer, src=None, ...)`, tried again after a failure that a peer's death
+        explains: the launcher declares a rank lost within `confirm_timeout` (otherwise the
+        error is real and raised). A dead peer may fail several receives (one per operation
+        gloo had pending with it), so the bound is a few per peer, not one."""
         failures = 0
         while True:
             try:
                 return dist.recv(buffer, src=None, tag=tag, group=group)
             except RuntimeError as error:
                 failures += 1
-                if not is_follow_on(str(error)) or failures >= self.world_size:
+                if not is_follow_on(str(error)) or failures > RETRIES_PER_PEER * self.world_size:
                     raise
+                deadline = time.monotonic() + self.confirm_timeout
+                while not self.refresh():
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(POLL_S)
                 time.sleep(POLL_S)
 
     def close(self) -> None:
