@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from hetsync.errors import LOOP_ENDED
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import (
     EvaluateFn,
@@ -222,7 +223,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             self.protocol.loop_ended(self._step)
             self._step = None
             if self.stop_reason is None:
-                self.stop_reason = f"loop ended after iteration {self.iteration}"
+                self.stop_reason = f"{LOOP_ENDED} {self.iteration}"
         self.protocol.close()
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()

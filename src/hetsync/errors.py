@@ -39,3 +39,7 @@ FOLLOW_ON_MARKERS = ("Connection closed by peer", "Connection reset by peer", "B
 def is_follow_on(text: str) -> bool:
     """Whether an error text is a peer's failure echoing (see `FOLLOW_ON_MARKERS`)."""
     return any(marker in text for marker in FOLLOW_ON_MARKERS)
+
+
+#: The stop reason of a worker whose script's loop ended by itself (its epochs ran out).
+LOOP_ENDED = "loop ended after iteration"

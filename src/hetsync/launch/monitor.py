@@ -29,7 +29,7 @@ from pathlib import Path
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hetsync.errors import WorkerFailed, is_follow_on
+from hetsync.errors import LOOP_ENDED, WorkerFailed, is_follow_on
 from hetsync.launch.output import OutputRelay
 from hetsync.transport.lost_workers import LOST_KEY
 
@@ -206,7 +206,7 @@ class Monitor:
     def _loop_ended(self, rank: int) -> bool:
         """`rank` closed without a stop condition: its script's loop ended by itself."""
         key = f"stopped/{rank}"
-        return self.store.check([key]) and self.store.get(key) == b""
+        return self.store.check([key]) and self.store.get(key).decode().startswith(LOOP_ENDED)
 
     def _dump_stack(self, rank: int) -> str:
         stack_file = self.log_dir / f"rank{rank}.stack"
