@@ -34,8 +34,15 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _push(grad: list[float], version: int = 0, delta: tuple[float, ...] = ()) -> torch.Tensor:
-    return torch.tensor([1.0, version, 0.0, *grad, *delta])
+def _push(server: _Server, grad: list[float], version: int = 0,
+          delta: tuple[float, ...] = ()) -> torch.Tensor:
+    """A push as a worker sends it: kind, version and vote as int64 words, then its values."""
+    return server.frame.pack((1, version, 0), [torch.tensor([*grad, *delta])])
+
+
+def _read(server: _Server, reply: torch.Tensor) -> list[float]:
+    """A reply's header words (version, staleness, stop), then its values."""
+    return [*server.frame.header(reply), *server.frame.payload(reply).tolist()]
 
 
 def test_sync_workers_hold_the_server_model_and_stop_together(train_run):
@@ -99,8 +106,8 @@ def test_server_applies_each_push_with_the_worker_optimizer(sync):
     param = nn.Parameter(torch.tensor([1.0, 2.0]))
     buffer = torch.tensor([5.0])
     server = _Server(torch.optim.SGD([param], lr=0.5), [buffer], sync=sync, world=1)
-    reply = server.push(_push([2.0, -2.0], delta=(1.5,)))
-    assert reply.tolist() == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
+    reply = server.push(_push(server, [2.0, -2.0], delta=(1.5,)))
+    assert _read(server, reply) == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
     server.close()
 
 
@@ -109,11 +116,11 @@ def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
     worker = torch.optim.SGD([{"params": [weight], "weight_decay": 1.0},
                               {"params": [bias], "weight_decay": 0.0}], lr=0.5)
     server = _Server(worker, [], sync=True, world=1)
-    assert server.push(_push([0.0, 0.0])).tolist() == [1.0, 0.0, 0.0, 0.5, 1.0]
+    assert _read(server, server.push(_push(server, [0.0, 0.0]))) == [1.0, 0.0, 0.0, 0.5, 1.0]
     for group in worker.param_groups:  # as a scheduler does, after the optimizer was wrapped
         group["lr"] = 0.1
-    reply = server.push(_push([1.0, 1.0], version=1))
-    assert reply.tolist() == pytest.approx([2.0, 0.0, 0.0, 0.35, 0.9])
+    reply = server.push(_push(server, [1.0, 1.0], version=1))
+    assert _read(server, reply) == pytest.approx([2.0, 0.0, 0.0, 0.35, 0.9])
     server.close()
 
 
@@ -124,7 +131,7 @@ def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
     server = _Server(torch.optim.Adam([param], lr=0.1), [], sync=False, world=2)
     with server.cond:  # the serving thread died at once (no process group); pushes go direct
         for version in range(2):
-            server._accept(_push([1.0, -2.0], version=version), 1)
+            server._accept(_push(server, [1.0, -2.0], version=version), 1)
     assert server.params[0].tolist() == pytest.approx([-0.1, 0.1], rel=1e-3)
 
 
@@ -133,7 +140,7 @@ def test_a_dead_server_thread_is_reported_not_waited_for():
     param = nn.Parameter(torch.zeros(2))
     server = _Server(torch.optim.SGD([param], lr=0.1), [], sync=True, world=2)
     with pytest.raises(RuntimeError, match="parameter server thread died"):
-        server.push(_push([1.0, 1.0]))
+        server.push(_push(server, [1.0, 1.0]))
 
 
 def test_a_reply_to_a_worker_that_just_died_neither_deadlocks_nor_misses_its_loss(monkeypatch):
