@@ -30,7 +30,7 @@ RANDOM = {"gg_policy": "random", "group_size": 2}
 ENDINGS = [
     ("prague", {}, 3, True),  # overlap, ready groups: the default
     ("prague", {**RANDOM, "group_buffer": True}, 3, True),  # the paper's policy, overlapped
-    ("prague", {**RANDOM, "overlap": False}, 3, True),  # P-Reduces between steps
+    pytest.param("prague", {**RANDOM, "overlap": False}, 3, True, marks=SLOW),  # between steps
     ("prague", {"schedule": "static"}, 3, True),
     pytest.param("prague", RANDOM, 3, True, marks=SLOW),
     pytest.param("prague", {"overlap": False}, 3, True, marks=SLOW),
