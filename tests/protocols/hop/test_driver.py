@@ -76,7 +76,8 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", [
     pytest.param(v, marks=pytest.mark.slow)
-    if v in ("staleness", "backup", "directed+skip", "backup+skip") else v for v in VARIANTS], ids=list(VARIANTS))
+    if v in ("staleness", "backup", "directed+skip", "backup+skip") else v
+    for v in VARIANTS], ids=list(VARIANTS))
 def test_six_workers_with_random_delays_keep_hops_invariants(variant, train_run):
     options = {"workers": 6, "max_time": 4, "step_time": 4.0, "stop_at_target": False,
                "eval_every": 60, "slowdown": "random:p=0.2,factor=5", **VARIANTS[variant],
