@@ -4,6 +4,8 @@ waiting for a worker that still makes progress are not deadlocked."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -55,3 +57,26 @@ def test_every_worker_stalled_in_sync_is_a_deadlock(monitor):
     time.sleep(0.7)
     with pytest.raises(WorkerFailed, match="worker rank 1 is furthest behind in a deadlock"):
         monitor.check()
+
+
+def test_a_finished_worker_is_never_hung_for_waiting_but_a_stopped_one_fails(monitor):
+    _beat(monitor, {0: "70 done 3.0", 1: "70 closing 3.0", 2: "70 closing 3.0"})
+    monitor.check()
+    time.sleep(0.7)  # quiet past --hang-timeout: waiting in the end rendezvous is not a hang
+    assert monitor.check() is False
+    os.kill(monitor.procs[1].pid, signal.SIGSTOP)
+    time.sleep(0.1)
+    with pytest.raises(WorkerFailed, match="rank 1 was stopped .* while finishing, after "
+                                           "iteration 70"):
+        monitor.check()
+
+
+def test_a_finished_worker_stopped_for_good_is_lost_under_on_failure_continue(monitor):
+    monitor.essential = frozenset({0})
+    _beat(monitor, {0: "70 done 3.0", 1: "70 closing 3.0", 2: "70 closing 3.0"})
+    monitor.check()
+    os.kill(monitor.procs[2].pid, signal.SIGSTOP)
+    time.sleep(0.7)
+    assert monitor.check() is False
+    assert set(monitor.lost) == {2}
+    assert monitor.store.get("lost") == b"2"

@@ -161,6 +161,7 @@ class Monitor:
         for rank in live:
             beat = self._beats.get(rank, "0 starting 0").split()
             if beat[1] in ("closing", "done"):
+                self._check_finishing(rank, int(beat[0]), now)
                 continue
             active += 1
             limit = self.hang_timeout if rank in self._changed else STARTUP_ALLOWANCE_S
@@ -202,6 +203,20 @@ class Monitor:
         stack = self._dump_stack(rank)
         raise WorkerFailed(rank, f"{what} (iteration {progress.iterations[rank] + 1})",
                            f"its stack:\n{stack}", own=bool(computing))
+
+    def _check_finishing(self, rank: int, iteration: int, now: float) -> None:
+        """A finished worker waits, without heartbeats, for the others at the end of the run
+        (`Runtime.leave_together`), for as long as they take: it is never hung for being
+        quiet. A stopped one never leaves that wait, and its peers would wait for it for
+        good: past --hang-timeout the kernel's word that it is stopped makes it failed (lost
+        under `--on-failure continue`, and the others leave without it)."""
+        quiet = now - self._changed.get(rank, self.started)
+        if quiet > self.hang_timeout and _process_state(self.procs[rank].pid) in ("T", "t"):
+            if self.output is not None:
+                self.output.mute()
+            raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) while finishing, "
+                               f"after iteration {iteration}, and made no progress for "
+                               f"{self.hang_timeout:g} s")
 
     def _loop_ended(self, rank: int) -> bool:
         """`rank` closed without a stop condition: its script's loop ended by itself."""
