@@ -100,20 +100,22 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
         for variant in suite.variants_of(setting):
             for repeat in range(options.repeats):
                 config = RunConfig(**{
-                    "workload": options.workload,
+                    "workload": setting.workload or options.workload,
                     "workers": setting.workers or options.workers,
-                    "step_time": setting.step_time or options.step_time,
+                    "step_time": 0.0 if suite.real else setting.step_time or options.step_time,
                     "slowdown": setting.slowdown,
                     "network": options.network or setting.network,
                     "payload": options.payload or setting.payload,
                     "max_time": options.max_time or suite.max_time,
-                    "eval_every": eval_every(options.workload),
-                    "target_loss": options.target_loss or suite.target_loss.get(options.workload),
+                    "eval_every": eval_every(setting.workload or options.workload),
+                    "target_loss": options.target_loss or suite.target_loss.get(
+                        setting.workload or options.workload),
                     "seed": options.seed + repeat,
                     "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",
                     "label": variant.label,
                     "quiet": quiet,
                     "overwrite": True,  # the suite folder is the bench's: --resume redoes runs
+                    **({"pin": True} if suite.real else {}),
                     **variant.options,
                 })
                 try:

@@ -51,6 +51,10 @@ class Setting:
     """Emulated compute per iteration (ms); None: the bench's --step-time."""
     regime: tuple[str, ...] = ()
     """Regime suites: (payload, network, heterogeneity, workers), the cell of the regime map."""
+    workload: str | None = None
+    """None: the bench's --workload."""
+    reference: bool = False
+    """Real suites: one worker alone (the ideal's measure), not a protocol comparison."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class Suite:
     """Seconds per run unless --max-time says otherwise."""
     simulated: bool = False
     """Too large for real runs: always run in the simulator (simulated seconds)."""
+    real: bool = False
+    """Real compute: no emulated step time, every worker pinned to cores of its own (`--pin`),
+    stragglers made by a CPU quota; the ideal comes from the suite's reference runs."""
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants
@@ -215,6 +222,58 @@ PAPER_RATIOS = (("paper · homogeneous", "allreduce", 1.2), ("paper · one 5x sl
                 5.3))
 
 
+#: Real suites: the reference variant, one worker alone (a world of one averages nothing).
+SOLO = Variant.of("solo", "one worker alone, pinned as the others: the ideal's unit",
+                  protocol="allreduce")
+#: A straggler by real CPU contention: the kernel gives it a quarter of a core.
+SHARE = 0.25
+#: Real suites' workloads: a small real compute (ResNet-18 of width 8, 0.7 MB a message) and a
+#: real payload (full-width ResNet-18, 45 MB a message).
+REAL_WORKLOADS = ("resnet", "resnet-wide")
+
+
+def _real(workers: int, slow_rank: int) -> tuple[Setting, ...]:
+    """Per workload: one worker alone, one alone at the straggler's share (the ideal's two
+    units), then every protocol homogeneous and with `slow_rank` at that share."""
+    settings = []
+    for workload in REAL_WORKLOADS:
+        settings += [
+            Setting(f"solo · {workload}", workers=1, variants=(SOLO,), workload=workload,
+                    reference=True),
+            Setting(f"solo at share {SHARE:g} · {workload}", f"cpu:ranks=0,share={SHARE:g}",
+                    workers=1, variants=(SOLO,), workload=workload, reference=True),
+            Setting(f"homogeneous · {workload}", workers=workers, workload=workload),
+            Setting(f"rank {slow_rank} at share {SHARE:g} · {workload}",
+                    f"cpu:ranks={slow_rank},share={SHARE:g}", workers=workers,
+                    workload=workload),
+        ]
+    return tuple(settings)
+
+
+#: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs.
+_PAIRS = (
+    Variant.of("prague", OVERLAPPED.format("ready pairs"), protocol="prague", group_size=2),
+    Variant.of("prague-paper", "the Prague paper's loop with pairs: random groups, Group "
+               "Buffer, P-Reduce between steps", **PRAGUE_RANDOM, group_size=2,
+               group_buffer=True, overlap=False),
+)
+REAL = Suite(
+    "real", "real compute, 8 pinned workers (a 16-core machine): every protocol homogeneous and "
+    f"with rank 3 at a {SHARE:g} CPU share, against one worker alone",
+    _real(8, 3),
+    _pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop-skip", "prague",
+          "prague-paper"),
+    target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=35.0, real=True,
+)
+REAL_SMALL = Suite(
+    "real-small", "real compute, 2 pinned workers (a 2-core machine): every protocol "
+    f"homogeneous and with rank 1 at a {SHARE:g} CPU share, against one worker alone",
+    _real(2, 1),
+    (*_pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop"), *_PAIRS),
+    target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=30.0, real=True,
+)
+
+
 def one_slow_per_16(workers: int) -> str:
     """One worker in every 16 five times slower (ranks 3, 19, 35, ...)."""
     return f"deterministic:ranks={'+'.join(map(str, range(3, workers, 16)))},factor=5"
@@ -247,13 +306,16 @@ SCALING_SIM = Suite(
     simulated=True,
 )
 SUITES = {suite.name: suite for suite in
-          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM]}
+          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM,
+           REAL, REAL_SMALL]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
 #: target (docs/benchmarks.md, "Resolution"), at most 5% of the shortest times measured (svm
-#: 4 s, cnn 7 s in `smoke`). A cnn snapshot costs a worker 1-2.6 ms, hence its longer period.
-EVAL_EVERY = {"cnn": 0.25}
+#: 4 s, cnn 7 s in `smoke`). A cnn snapshot costs a worker 1-2.6 ms, hence its longer period;
+#: a ResNet evaluation takes the launcher seconds of real CPU, which real suites' workers would
+#: feel: rarer evaluations, a coarser time to target.
+EVAL_EVERY = {"cnn": 0.25, "resnet": 2.0, "resnet-wide": 5.0}
 DEFAULT_EVAL_EVERY = 0.1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ def summarize_rows(workers: list[list[dict[str, Any]]], evals: list[dict[str, An
         "final_accuracy": measured["accuracy"] if measured else None,
         "final_consensus_distance": final.get("consensus_distance") if final else None,
         "sync_wait_fraction": round(sync_wait / busy, 4) if busy > 0 else 0.0,
+        "compute_ms_median": _compute_ms_median(workers),
         "dropped_gradients": int(sum(dropped)) if dropped else None,
         "thread_cpu_ms_per_iteration": thread_cpu_per_iteration(workers),
         "stop_reason": stop_reason,
@@ -130,6 +132,13 @@ def thread_cpu_per_iteration(workers: list[list[dict[str, Any]]]) -> dict[str, f
     if not spent or not iterations:
         return None
     return {role: round(1000 * s / iterations, 3) for role, s in sorted(spent.items())}
+
+
+def _compute_ms_median(workers: list[list[dict[str, Any]]]) -> float | None:
+    """The median compute step over every worker's rows, in ms: with real compute, against
+    one worker's alone, how much a protocol's own threads slow the training thread down."""
+    steps = sorted(row["compute_s"] for rows in workers for row in rows)
+    return round(1000 * statistics.median(steps), 3) if steps else None
 
 
 def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:
