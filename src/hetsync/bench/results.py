@@ -59,7 +59,7 @@ def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str,
     row["target_loss"] = summaries[0]["target_loss"] if summaries else None
     # Shown as measured in the first repeat: how even the workers' iterations were (a starved
     # worker shows here), and what each thread cost.
-    row["iterations"] = summaries[0]["iterations"] if summaries else None
+    row["iterations"] = summaries[0].get("iterations") if summaries else None
     row["thread_cpu_ms_per_iteration"] = (summaries[0].get("thread_cpu_ms_per_iteration")
                                           if summaries else None)
     row["time_to_iteration_s"] = _median([(s.get("time_to_iteration_s") or {}).get("median_s")
