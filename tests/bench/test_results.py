@@ -154,4 +154,4 @@ def test_a_real_suite_takes_its_ideal_and_compute_inflation_from_one_worker_alon
     assert slow["adpsgd"]["ideal_samples_per_s"] == 1950  # 3 x 600 + 150
     assert [h["setting"] for h in results["headline"]] == ["homogeneous", "slow"]
     table = real_table(results["settings"][2])
-    assert "| adpsgd | not reached (> 60) | 2232 | 93.0% | 51.0 | 0.98x | 9 / 10 / 11 |" in table
+    assert "| adpsgd | not reached (> 60) | 2232 | 93.0% | 51 | 0.98x | 9 / 10 / 11 |" in table
