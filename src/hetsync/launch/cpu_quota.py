@@ -32,8 +32,9 @@ _V2_PERIOD_US = 100_000
 class CpuQuota:
     """The quota cgroups of one run: `shares` maps a rank to its share of one core."""
 
-    def __init__(self, shares: dict[int, float], run_id: str, root: Path = CGROUP_ROOT) -> None:
-        self.shares, self.run_id, self.root = shares, run_id, root
+    def __init__(self, shares: dict[int, float], run_id: str, root: Path | None = None) -> None:
+        self.shares, self.run_id = shares, run_id
+        self.root = root = CGROUP_ROOT if root is None else root
         self.v2 = (root / "cgroup.controllers").exists()
         self.base = root if self.v2 else root / "cpu"
         self.dirs: dict[int, Path] = {}
@@ -103,7 +104,11 @@ class CpuQuota:
         if self.v2:
             self._write(path / "cpu.max", f"{round(share * _V2_PERIOD_US)} {_V2_PERIOD_US}")
         else:
-            period = int((path / "cpu.cfs_period_us").read_text())
+            try:
+                period = int((path / "cpu.cfs_period_us").read_text())
+            except (OSError, ValueError):
+                raise ConfigError(f"--slowdown cpu: {path} has no readable cpu.cfs_period_us: "
+                                  f"{self.base} is not a cgroup cpu hierarchy") from None
             self._write(path / "cpu.cfs_quota_us", str(round(share * period)))
 
     @staticmethod

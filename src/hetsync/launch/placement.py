@@ -19,7 +19,7 @@ from typing import Any
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
-from hetsync.launch.cpu_quota import CGROUP_ROOT, CpuQuota
+from hetsync.launch.cpu_quota import CpuQuota
 
 __all__ = ["CpuPlacement", "Pinning", "plan_pinning"]
 
@@ -58,7 +58,7 @@ class CpuPlacement:
     on exit however the run ends (the launcher's own affinity restored, the cgroups removed).
     """
 
-    def __init__(self, config: RunConfig, run_id: str, cgroup_root: Path = CGROUP_ROOT) -> None:
+    def __init__(self, config: RunConfig, run_id: str, cgroup_root: Path | None = None) -> None:
         self.config = config
         spec = config.slowdown_spec()
         shares = {rank: spec.share for rank in spec.ranks} if spec.kind == "cpu" else {}
