@@ -82,3 +82,11 @@ def test_a_cgroup_that_cannot_be_made_is_one_line(tmp_path):
         CpuQuota({0: 0.5}, "test", root=tmp_path).create()
     assert str(error.value).startswith("--slowdown cpu: cannot create cgroup ")
     assert "\n" not in str(error.value)
+
+
+def test_under_torchrun_there_is_no_launcher_to_pin_or_cap(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    code = main(["train", "--workload", "svm", "--slowdown", "cpu:ranks=0,share=0.5",
+                 "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "applied by hetsync's launcher" in err and "\n" not in err
