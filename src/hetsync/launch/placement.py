@@ -75,8 +75,7 @@ class CpuPlacement:
         if self.pinning is not None:
             self._launcher_was = os.sched_getaffinity(0)
             _set_own_affinity(self.pinning.launcher)
-            if not self.config.quiet:
-                print(f"hetsync: {self.pinning.note}", file=sys.stderr)
+            print(f"hetsync: {self.pinning.note}", file=sys.stderr)  # --quiet hides the bar only
         return self
 
     def place(self, rank: int, pid: int) -> None:
