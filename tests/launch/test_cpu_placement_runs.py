@@ -74,12 +74,12 @@ def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_p
 def test_the_cgroup_goes_after_a_killed_worker(tmp_path):
     with pytest.raises(WorkerFailed, match="rank 1"):
         run(RunConfig(script=[str(SCRIPT), str(tmp_path)], workers=2, max_time=30.0,
-                      slowdown="cpu:ranks=1,share=0.5", fault="kill:rank=1,at=1s",
+                      slowdown="cpu:ranks=1,share=1", fault="kill:rank=1,at=1s",
                       out=tmp_path / "run", quiet=True))
     assert _cpu_cgroup(_facts(tmp_path, "start.")[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
     assert _our_cgroups() == []
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["placement"]["cpu_share"] == {"1": 0.5}
+    assert summary["placement"]["cpu_share"] == {"1": 1.0}
 
 
 @pytest.mark.slow
