@@ -65,7 +65,7 @@ class _RunOptions:
     """Emulated compute time per iteration, in milliseconds (0: real compute only)."""
     slowdown: str = "none"
     pin: bool = False
-    """Give each worker cores of its own (hetsync.launch.placement); the launcher only."""
+    """Give each worker cores of its own (hetsync.launch.cpu_placement); the launcher only."""
     cpus_per_worker: int = 1
     """With --pin: how many cores each worker gets."""
     max_time: float | None = None

@@ -10,9 +10,9 @@ from hetsync.cli import main
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.launch import cpu_quota
+from hetsync.launch.cpu_placement import plan_pinning
 from hetsync.launch.cpu_quota import CpuQuota
 from hetsync.launch.launcher import run
-from hetsync.launch.placement import plan_pinning
 
 
 def test_pinning_gives_each_worker_its_own_cores_and_the_launcher_the_rest():
