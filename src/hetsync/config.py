@@ -64,6 +64,10 @@ class _RunOptions:
     step_time: float = 0.0
     """Emulated compute time per iteration, in milliseconds (0: real compute only)."""
     slowdown: str = "none"
+    pin: bool = False
+    """Give each worker cores of its own (hetsync.launch.cpu_placement); the launcher only."""
+    cpus_per_worker: int = 1
+    """With --pin: how many cores each worker gets."""
     max_time: float | None = None
     max_iterations: int | None = None
     target_loss: float | None = None
@@ -133,7 +137,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples",
+        for name in ("max_iterations", "batch_size", "eval_samples", "cpus_per_worker",
                      *_PROTOCOL_RANGES["AT_LEAST_ONE"]):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -161,6 +165,8 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
         self.slowdown_spec().check_ranks(self.workers)
+        if self.cpus_per_worker != 1 and not self.pin:
+            raise ConfigError("--cpus-per-worker gives pinned workers their cores: add --pin")
         if self.ps_backup and self.protocol != "ps":
             raise ConfigError("--ps-backup applies to --protocol ps --ps-mode sync only")
         network = parse_network(self.network)

@@ -34,6 +34,7 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
+from hetsync.launch.cpu_placement import CpuPlacement
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
@@ -63,8 +64,8 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     check_capacity(config.workers)  # first: validate() sizes structures by the worker count
     config = config.validate().resolved()
     run_dir = Path(config.out) if config.out else default_out(config)
-    with RunLock(run_dir):
-        extra: dict[str, Any] = {}
+    with CpuPlacement(config, run_id=str(os.getpid())) as placement, RunLock(run_dir):
+        extra: dict[str, Any] = _placement_facts(placement)
         if resume:
             lost = lost_before(run_dir, config)
             at = prepare_resume(run_dir, config.workers, frozenset(w["rank"] for w in lost))
@@ -76,7 +77,7 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
         else:
             prepare_run_dir(config, run_dir)
         try:
-            return _run(config, run_dir, extra)
+            return _run(config, run_dir, extra, placement)
         except BaseException as error:
             _summarize_failure(run_dir, config, error, extra)
             raise
@@ -111,7 +112,14 @@ def check_capacity(workers: int, meminfo: Path = Path("/proc/meminfo"),
                           f"memory available, enough for about {fit} {what} ({each} each)")
 
 
-def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
+def _placement_facts(placement: CpuPlacement) -> dict[str, Any]:
+    """summary.json's `placement`: the run's real (kernel-enforced) pinning and CPU quotas."""
+    facts = placement.facts()
+    return {} if facts is None else {"placement": facts}
+
+
+def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
+         placement: CpuPlacement) -> RunResult:
     torch.set_num_threads(1)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -123,7 +131,8 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
     if before:  # lost before this resume: spawned to form the group, lost from the start
         control.set(LOST_KEY, ",".join(str(r) for r in sorted(before)))
     resume = extra.get("resumed_from")
-    procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None)
+    procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None,
+                   placement)
     output = OutputRelay(procs, run_dir / "logs")
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
@@ -277,7 +286,8 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 def _spawn(
-    config: RunConfig, run_dir: Path, port: int, resume_at: float | None
+    config: RunConfig, run_dir: Path, port: int, resume_at: float | None,
+    placement: CpuPlacement,
 ) -> list[subprocess.Popen[bytes]]:
     command = (
         [sys.executable, *config.script]
@@ -305,6 +315,7 @@ def _spawn(
             env[ENV_RESUME_AT] = repr(resume_at)
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
+        placement.place(rank, procs[-1].pid)  # before it gets to training
     return procs
 
 
