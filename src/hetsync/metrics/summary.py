@@ -138,7 +138,7 @@ def thread_cpu_per_iteration(workers: list[list[dict[str, Any]]]) -> dict[str, f
 def _compute_ms_median(workers: list[list[dict[str, Any]]]) -> float | None:
     """The median compute step over every worker's rows, in ms: with real compute, against
     one worker's alone, how much a protocol's own threads slow the training thread down."""
-    steps = sorted(row["compute_s"] for rows in workers for row in rows)
+    steps = [row["compute_s"] for rows in workers for row in rows if "compute_s" in row]
     return round(1000 * statistics.median(steps), 3) if steps else None
 
 
