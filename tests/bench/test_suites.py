@@ -8,6 +8,7 @@ from hetsync.bench.runner import BenchOptions, plan
 from hetsync.bench.suites import EVERY_PROTOCOL, HEADLINE, SUITES, describe_suites, get_suite
 from hetsync.errors import ConfigError
 from hetsync.protocols import available_protocols
+from hetsync.workloads import get_workload
 
 
 @pytest.mark.parametrize("name", list(SUITES))
@@ -77,3 +78,10 @@ def test_describe_suites_counts_runs():
     assert lines["headline"] == ["12", "runs"]
     assert lines["everything"] == [str(8 * len(EVERY_PROTOCOL)), "runs"]
     assert lines["regimes-small"] == ["24", "runs"]
+
+
+def test_every_workload_a_suite_names_exists():
+    for suite in SUITES.values():
+        for setting in suite.settings:
+            if setting.workload is not None:
+                get_workload(setting.workload)
