@@ -41,10 +41,11 @@ GRADIENT = {  # lr > 0 from one model: the workers stay identical (async: they t
 }
 
 
-def _run(out: Path, device: str, lr: float, workers: int, **options: object) -> list[dict]:
+def _run(out: Path, device: str, lr: float, workers: int, iterations: int,
+         **options: object) -> list[dict]:
     out.mkdir()
     run(RunConfig(workers=workers, script=[str(SCRIPT), str(out), device, str(lr)], out=out,
-                  max_iterations=150, quiet=True, **options))
+                  max_iterations=iterations, quiet=True, **options))
     return [torch.load(out / f"device_rank{r}.pt") for r in range(workers)]
 
 
@@ -65,7 +66,7 @@ def _check_devices_and_batchnorm(saved: list[dict], device: str) -> None:
 
 @pytest.mark.parametrize("options", list(MIXING.values()), ids=list(MIXING))
 def test_model_averaging_conserves_the_sum_on_the_device(options, gpu_device, tmp_path):
-    saved = _run(tmp_path / "run", gpu_device, 0.0, WORKERS, backend="gloo", **options)
+    saved = _run(tmp_path / "run", gpu_device, 0.0, WORKERS, 80, backend="gloo", **options)
     initial = torch.stack([s["initial"] for s in saved])
     final = torch.stack([s["final"] for s in saved])
     assert torch.allclose(final.sum(0), initial.sum(0), atol=1e-4)
@@ -76,7 +77,7 @@ def test_model_averaging_conserves_the_sum_on_the_device(options, gpu_device, tm
 @pytest.mark.parametrize("options", list(GRADIENT.values()), ids=list(GRADIENT))
 def test_gradient_protocols_keep_the_workers_together_on_the_device(options, gpu_device,
                                                                     tmp_path):
-    saved = _run(tmp_path / "run", gpu_device, 0.05, WORKERS, backend="gloo", **options)
+    saved = _run(tmp_path / "run", gpu_device, 0.05, WORKERS, 30, backend="gloo", **options)
     final = torch.stack([s["final"] for s in saved])
     assert torch.isfinite(final).all()
     assert (final[0] - saved[0]["initial"]).abs().max() > 1e-3  # it trained
@@ -92,7 +93,7 @@ def test_one_worker_over_nccl(options, gpu_device, tmp_path):
     (gloo with HETSYNC_TEST_GPU_DEVICE=cpu: NCCL needs a GPU)."""
     backend = "gloo" if gpu_device == "cpu" else "nccl"
     group = {"group_size": 1} if options["protocol"] == "prague" else {}
-    saved = _run(tmp_path / "run", "runtime", 0.05, 1, backend=backend, **options, **group)
+    saved = _run(tmp_path / "run", "runtime", 0.05, 1, 30, backend=backend, **options, **group)
     assert torch.device(saved[0]["device"]).type == torch.device(gpu_device).type
     assert saved[0]["consensus_devices"] == [saved[0]["device"]]
     assert torch.equal(saved[0]["consensus"], saved[0]["final"])
