@@ -90,10 +90,10 @@ def test_gradient_protocols_keep_the_workers_together_on_the_device(options, gpu
                          ids=[*MIXING, *GRADIENT])
 def test_one_worker_over_nccl(options, gpu_device, tmp_path):
     """`--backend nccl --workers 1`, the model on the device the run placed the worker on
-    (gloo with HETSYNC_TEST_GPU_DEVICE=cpu: NCCL needs a GPU)."""
-    backend = "gloo" if gpu_device == "cpu" else "nccl"
+    (`hetsync.init().device`). With HETSYNC_TEST_GPU_DEVICE=cpu: gloo, the model on the CPU."""
+    backend, where = ("gloo", "cpu") if gpu_device == "cpu" else ("nccl", "runtime")
     group = {"group_size": 1} if options["protocol"] == "prague" else {}
-    saved = _run(tmp_path / "run", "runtime", 0.05, 1, 30, backend=backend, **options, **group)
+    saved = _run(tmp_path / "run", where, 0.05, 1, 30, backend=backend, **options, **group)
     assert torch.device(saved[0]["device"]).type == torch.device(gpu_device).type
     assert saved[0]["consensus_devices"] == [saved[0]["device"]]
     assert torch.equal(saved[0]["consensus"], saved[0]["final"])
