@@ -4,7 +4,10 @@ alone (the GPU count is an argument, so every rule is checked on a machine witho
 from __future__ import annotations
 
 import pytest
+import torch
+import torch.distributed as dist
 
+import hetsync
 from hetsync.errors import ConfigError
 from hetsync.transport.placement import Placement, place, visible_gpus
 
@@ -74,6 +77,34 @@ def test_what_cannot_run_is_refused_in_one_line(backend, device, gpus, workers, 
     with pytest.raises(ConfigError) as refused:
         _place(backend, device, gpus=gpus, workers=workers)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+@pytest.mark.skipif(visible_gpus() > 0, reason="this machine has a CUDA device")
+def test_init_applies_the_same_rule_with_torchruns_local_counts(monkeypatch):
+    """Without a launcher (torchrun), `init()` decides by itself, from LOCAL_WORLD_SIZE and
+    LOCAL_RANK, and refuses what the launcher would, before joining any group."""
+    threads = torch.get_num_threads()  # init() gives a worker among 4 one thread
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    try:
+        with pytest.raises(ConfigError, match="--device cuda needs a CUDA device"):
+            hetsync.init(device="cuda")
+    finally:
+        torch.set_num_threads(threads)
+    assert not dist.is_initialized()
+
+
+def test_init_records_what_it_decided():
+    """A world of one: by the same rule (gloo on the CPU here, NCCL on a GPU machine)."""
+    expected = place("auto", "auto", gpus=visible_gpus(), local_workers=1, local_rank=0)
+    runtime = hetsync.init(protocol="allreduce")
+    try:
+        assert (runtime.backend, runtime.device) == (expected.backend,
+                                                     torch.device(expected.device))
+        assert runtime.config.backend == expected.backend
+        assert runtime.config.device == runtime.device.type
+    finally:
+        hetsync.shutdown()
 
 
 def test_visible_gpus_is_a_count():

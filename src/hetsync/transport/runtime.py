@@ -178,6 +178,7 @@ def init(**defaults: object) -> Runtime:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     backend, device = _placement(config, local_rank)
+    config = dataclasses.replace(config, backend=backend, device=device.type)  # as decided
     if run_dir is None and config.out is not None:
         run_dir = Path(config.out)
     launched = ENV_STORE_PORT in os.environ
