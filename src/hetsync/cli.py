@@ -49,7 +49,10 @@ _RUN_HELP = {
     "eval_every": "seconds between evaluated model snapshots",
     "eval_samples": "held-out samples used to evaluate each worker's own model",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
-    "backend": "auto (NCCL with CUDA, else gloo), gloo or nccl",
+    "backend": "auto (NCCL where each local worker's model has a GPU of its own, else gloo), "
+    "gloo or nccl",
+    "device": "where the workers' models compute: auto (a GPU when one is visible), cpu or "
+    "cuda; workers share GPUs round-robin",
     "topology": "graph of decentralized protocols: ring, directed-ring, torus, exponential, "
     "one-peer-exponential, complete, bipartite-exponential, edges:FILE",
     "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
