@@ -71,7 +71,8 @@ def check_zero_lr_consensus(tmp_path):
         out.mkdir()
         script = [str(CONSERVATION_SCRIPT), str(out), *script_args]
         script += ["late"] if late_even_ranks else []
-        result = run(RunConfig(workers=workers, script=script, out=out, quiet=True, **options))
+        result = run(RunConfig(workers=workers, script=script, out=out, quiet=True,
+                               **{"device": "cpu", **options}))  # a CPU model
         saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
         initial = torch.stack([s["initial"] for s in saved])
         final = torch.stack([s["final"] for s in saved])

@@ -69,3 +69,37 @@ def test_pacing_pads_to_step_time_then_multiplies():
     assert pacing(0.01, 0.05, 1.0) == pytest.approx((0.04, 0.0))
     assert pacing(0.01, 0.05, 4.0) == pytest.approx((0.04, 0.15))
     assert pacing(0.08, 0.05, 2.0) == pytest.approx((0.0, 0.08))  # compute beyond the step
+
+
+def test_cpu_is_real_so_nothing_is_slept_but_the_simulator_reads_it_as_1_over_share():
+    spec = parse_slowdown("cpu:ranks=1+3,share=0.25")
+    assert spec.kind == "cpu" and spec.ranks == {1, 3} and spec.share == 0.25
+    assert {spec.factor(r, i) for r in range(4) for i in range(1, 20)} == {1.0}
+    emulated = spec.emulated()
+    assert [emulated.factor(r, 5) for r in range(4)] == [1, 4, 1, 4]
+    assert parse_slowdown("deterministic:ranks=1,factor=3").emulated().factor(1, 1) == 3
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("cpu:ranks=1,share=0", "share must be in (0, 1]"),
+        ("cpu:ranks=1,share=1.5", "share must be in (0, 1]"),
+        ("cpu:ranks=1,share=-0.5", "share must be in (0, 1]"),
+        ("cpu:ranks=1,share=nan", "share must be in (0, 1]"),
+        ("cpu:share=0.5", "missing ranks"),
+        ("cpu:ranks=1", "missing share"),
+        ("cpu:ranks=1,share=0.5,factor=2", "unknown key 'factor'"),
+    ],
+)
+def test_bad_cpu_specs_name_the_problem(text, fragment):
+    with pytest.raises(ConfigError) as error:
+        parse_slowdown(text)
+    assert fragment in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_cpu_slowdown_of_a_rank_that_does_not_exist_is_refused():
+    from hetsync.config import RunConfig
+
+    with pytest.raises(ConfigError, match="names rank 2, but there are only 2 workers"):
+        RunConfig(workers=2, slowdown="cpu:ranks=2,share=0.5").validate()

@@ -29,7 +29,12 @@ _RUN_HELP = {
     "workload": "built-in workload: cnn, svm, resnet, resnet-wide or digits",
     "workers": "number of worker processes",
     "step_time": "emulated compute time per iteration, ms (0: real compute only)",
-    "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE",
+    "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE "
+    "(emulated: sleeps) | cpu:ranks=1,share=0.25 (real: the kernel caps those workers at that "
+    "share of one core, a cgroup; needs root)",
+    "pin": "give each worker cores of its own (CPU affinity); the launcher takes the cores "
+    "left over, or shares the last worker's",
+    "cpus_per_worker": "with --pin: cores per worker",
     "max_time": "stop after this many seconds",
     "max_iterations": "stop after this many iterations",
     "target_loss": "target for the consensus test loss: time to target is measured to it",
@@ -44,7 +49,10 @@ _RUN_HELP = {
     "eval_every": "seconds between evaluated model snapshots",
     "eval_samples": "held-out samples used to evaluate each worker's own model",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
-    "backend": "auto (NCCL with CUDA, else gloo), gloo or nccl",
+    "backend": "auto (NCCL where each local worker's model has a GPU of its own, else gloo), "
+    "gloo or nccl",
+    "device": "where the workers' models compute: auto (a GPU when one is visible), cpu or "
+    "cuda; workers share GPUs round-robin",
     "topology": "graph of decentralized protocols: ring, directed-ring, torus, exponential, "
     "one-peer-exponential, complete, bipartite-exponential, edges:FILE",
     "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
@@ -328,6 +336,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from hetsync.launch.worker import run_under_torchrun
 
             config.workers = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun decides
+            if config.pin or config.slowdown_spec().kind == "cpu":
+                raise ConfigError("--pin and --slowdown cpu: are applied by hetsync's launcher; "
+                                  "under torchrun, pin or cap the workers yourself (taskset, "
+                                  "cgroups)")
             run_under_torchrun(config.validate().resolved())
             return 0
         from hetsync.launch.launcher import run

@@ -26,6 +26,7 @@ from hetsync.protocols.catalog import (
 )
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
+from hetsync.transport.placement import BACKENDS, DEVICES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +37,8 @@ __all__ = ["OPTION_HELP", "RunConfig", "load_toml"]
 
 _CHOICES = {
     "weights": WEIGHTS,
-    "backend": ("auto", "gloo", "nccl"),
+    "backend": BACKENDS,
+    "device": DEVICES,
     "on_failure": ("stop", "continue"),
     **{name: allowed for options in PROTOCOL_OPTIONS for name, allowed in options.CHOICES.items()},
 }
@@ -64,6 +66,10 @@ class _RunOptions:
     step_time: float = 0.0
     """Emulated compute time per iteration, in milliseconds (0: real compute only)."""
     slowdown: str = "none"
+    pin: bool = False
+    """Give each worker cores of its own (hetsync.launch.cpu_placement); the launcher only."""
+    cpus_per_worker: int = 1
+    """With --pin: how many cores each worker gets."""
     max_time: float | None = None
     max_iterations: int | None = None
     target_loss: float | None = None
@@ -87,6 +93,10 @@ class _RunOptions:
     hang_timeout: float = 20.0
     """A worker without progress this long is reported as hung."""
     backend: str = "auto"
+    """How messages travel; auto: NCCL where every local worker has a GPU of its own (see
+    hetsync.transport.placement)."""
+    device: str = "auto"
+    """Where the built-in workloads' models compute; auto: a GPU when one is visible."""
     network: str = "none"
     """Emulated network (see hetsync.network.spec); none: the real one, nothing added."""
     payload: str = "none"
@@ -133,7 +143,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples",
+        for name in ("max_iterations", "batch_size", "eval_samples", "cpus_per_worker",
                      *_PROTOCOL_RANGES["AT_LEAST_ONE"]):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -161,6 +171,8 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
         self.slowdown_spec().check_ranks(self.workers)
+        if self.cpus_per_worker != 1 and not self.pin:
+            raise ConfigError("--cpus-per-worker gives pinned workers their cores: add --pin")
         if self.ps_backup and self.protocol != "ps":
             raise ConfigError("--ps-backup applies to --protocol ps --ps-mode sync only")
         network = parse_network(self.network)
@@ -178,11 +190,6 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             protocol.check_config(self)
         if self.on_failure == "continue":
             essential_ranks(self)
-        if self.backend == "nccl":
-            import torch  # late: reading a config must not cost a torch import
-
-            if not torch.cuda.is_available():
-                raise ConfigError("--backend nccl needs CUDA devices; none is visible here")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
         if self.script and not Path(self.script[0]).is_file():

@@ -3,7 +3,10 @@
 Pure logic (no sleeping here): `SlowdownSpec.factor(rank, iteration)` says how many times the
 normal step time an iteration takes; `pacing()` turns that into the padding and delay to sleep.
 Random slowdowns are drawn from a generator seeded by (seed, rank, iteration), so a run is
-reproducible whatever order the workers query it in.
+reproducible whatever order the workers query it in. `cpu:` slowdowns are real, not emulated:
+the launcher has the kernel cap those workers' CPU time (hetsync.launch.cpu_quota), so their
+factor here is 1 (nothing is slept); `emulated()` turns them into the factor they stand for
+where there is no kernel to do it (the simulator).
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from hetsync.errors import ConfigError
 
 __all__ = ["SlowdownSpec", "parse_slowdown", "pacing"]
 
-_FORMS = "none, deterministic:ranks=R[+R...],factor=F, random:p=P,factor=F or trace:FILE"
+_FORMS = ("none, deterministic:ranks=R[+R...],factor=F, random:p=P,factor=F, "
+          "cpu:ranks=R[+R...],share=S or trace:FILE")
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,8 @@ class SlowdownSpec:
     ranks: frozenset[int] = frozenset()
     factor_value: float = 1.0
     p: float = 0.0
+    share: float = 1.0
+    """cpu: the share of one core the kernel gives each of `ranks`."""
     seed: int = 0
     trace: dict[tuple[int, int], float] = field(default_factory=dict)
     text: str = "none"
@@ -53,6 +59,13 @@ class SlowdownSpec:
             listed = [f for (r, _), f in self.trace.items() if r == rank]
             return sum(listed) / len(listed) if listed else 1.0
         return 1.0
+
+    def emulated(self) -> SlowdownSpec:
+        """This spec with a `cpu:` share S as the deterministic factor 1/S it stands for."""
+        if self.kind != "cpu":
+            return self
+        return SlowdownSpec(kind="deterministic", ranks=self.ranks,
+                            factor_value=1.0 / self.share, text=self.text)
 
     def check_ranks(self, workers: int) -> None:
         """Raise ConfigError if the spec names a rank that does not exist."""
@@ -83,17 +96,16 @@ def parse_slowdown(text: str, seed: int = 0) -> SlowdownSpec:
         return SlowdownSpec(kind="none")
     if kind == "trace":
         return _parse_trace(rest, text)
-    if kind not in ("deterministic", "random"):
+    if kind not in ("deterministic", "random", "cpu"):
         raise ConfigError(f"bad --slowdown {text!r}: expected {_FORMS}")
     params = _key_values(rest, text)
+    if kind == "cpu":
+        return _parse_cpu(params, text)
     factor = _number(params.pop("factor", None), "factor", text)
     if factor < 1:
         raise ConfigError(f"bad --slowdown {text!r}: factor must be >= 1 (got {factor:g})")
     if kind == "deterministic":
-        ranks_text = params.pop("ranks", None)
-        if ranks_text is None:
-            raise ConfigError(f"bad --slowdown {text!r}: missing ranks=R[+R...]")
-        ranks = frozenset(_rank(r, text) for r in ranks_text.split("+"))
+        ranks = _ranks(params, text)
         _no_extra(params, text)
         return SlowdownSpec(kind=kind, ranks=ranks, factor_value=factor, text=text)
     p = _number(params.pop("p", None), "p", text)
@@ -101,6 +113,23 @@ def parse_slowdown(text: str, seed: int = 0) -> SlowdownSpec:
         raise ConfigError(f"bad --slowdown {text!r}: p must be in [0, 1] (got {p:g})")
     _no_extra(params, text)
     return SlowdownSpec(kind=kind, factor_value=factor, p=p, seed=seed, text=text)
+
+
+def _parse_cpu(params: dict[str, str], text: str) -> SlowdownSpec:
+    ranks = _ranks(params, text)
+    share = _number(params.pop("share", None), "share", text)
+    if not 0 < share <= 1:
+        raise ConfigError(f"bad --slowdown {text!r}: share must be in (0, 1], a share of one "
+                          f"core (got {share:g})")
+    _no_extra(params, text)
+    return SlowdownSpec(kind="cpu", ranks=ranks, share=share, text=text)
+
+
+def _ranks(params: dict[str, str], text: str) -> frozenset[int]:
+    ranks_text = params.pop("ranks", None)
+    if ranks_text is None:
+        raise ConfigError(f"bad --slowdown {text!r}: missing ranks=R[+R...]")
+    return frozenset(_rank(r, text) for r in ranks_text.split("+"))
 
 
 def _key_values(rest: str, text: str) -> dict[str, str]:

@@ -164,3 +164,13 @@ def test_every_protocol_has_a_simulation():
 def test_simulate_refuses_a_script(tmp_path):
     with pytest.raises(ConfigError, match="built-in workloads"):
         build(config(tmp_path, "hop", script=["x.py"]).resolved())
+
+
+def test_a_real_cpu_share_is_simulated_as_its_factor(tmp_path):
+    """The simulator has no kernel: a quarter of a core costs 4x the step, as factor 4 does."""
+    cpu = build(config(tmp_path, "adpsgd", slowdown="cpu:ranks=3,share=0.25").resolved())
+    emulated = build(config(tmp_path, "adpsgd",
+                            slowdown="deterministic:ranks=3,factor=4").resolved())
+    assert [cpu.costs.compute(r, 7) for r in range(8)] == \
+        [emulated.costs.compute(r, 7) for r in range(8)]
+    assert cpu.costs.compute(3, 7)[1] == pytest.approx(3 * 0.050)  # (4 - 1) x the step

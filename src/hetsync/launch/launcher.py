@@ -34,6 +34,7 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
+from hetsync.launch.cpu_placement import CpuPlacement
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator
@@ -41,6 +42,7 @@ from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.protocols.catalog import essential_ranks
 from hetsync.transport.lost_workers import LOST_KEY
+from hetsync.transport.placement import place, visible_gpus
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
 from hetsync.workloads import get_workload
 
@@ -61,10 +63,10 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     what was measured, with the reason it stopped. `resume`: go on with the run in
     `config.out` from its workers' checkpoints (hetsync.launch.checkpoint)."""
     check_capacity(config.workers)  # first: validate() sizes structures by the worker count
-    config = config.validate().resolved()
+    config = placed(config.validate().resolved())
     run_dir = Path(config.out) if config.out else default_out(config)
-    with RunLock(run_dir):
-        extra: dict[str, Any] = {}
+    with CpuPlacement(config, run_id=str(os.getpid())) as placement, RunLock(run_dir):
+        extra: dict[str, Any] = _placement_facts(placement)
         if resume:
             lost = lost_before(run_dir, config)
             at = prepare_resume(run_dir, config.workers, frozenset(w["rank"] for w in lost))
@@ -76,7 +78,7 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
         else:
             prepare_run_dir(config, run_dir)
         try:
-            return _run(config, run_dir, extra)
+            return _run(config, run_dir, extra, placement)
         except BaseException as error:
             _summarize_failure(run_dir, config, error, extra)
             raise
@@ -88,6 +90,19 @@ def _earlier_resumes(run_dir: Path) -> list[dict[str, Any]]:
         return list(json.loads((run_dir / "summary.json").read_text()).get("resumed_from", []))
     except (OSError, ValueError, AttributeError):
         return []
+
+
+def placed(config: RunConfig) -> RunConfig:
+    """`config` with its backend and device decided, once, before spawning: what cannot run
+    (`--device cuda` without a GPU, NCCL with workers sharing a GPU) fails here in one line,
+    and the workers, reading the resolved `backend` and device kind from config.json, each
+    take `cuda:(rank % GPUs)` or the CPU by the same rule (hetsync.transport.placement)."""
+    placement = place(config.backend, config.device, gpus=visible_gpus(),
+                      local_workers=config.workers, local_rank=0)
+    if placement.note and not config.quiet:
+        print(f"hetsync: note: {placement.note}", file=sys.stderr)
+    kind = placement.device.split(":")[0]
+    return dataclasses.replace(config, backend=placement.backend, device=kind)
 
 
 #: Resident memory of one worker process (torch imported, a small model trained), measured
@@ -111,7 +126,14 @@ def check_capacity(workers: int, meminfo: Path = Path("/proc/meminfo"),
                           f"memory available, enough for about {fit} {what} ({each} each)")
 
 
-def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
+def _placement_facts(placement: CpuPlacement) -> dict[str, Any]:
+    """summary.json's `placement`: the run's real (kernel-enforced) pinning and CPU quotas."""
+    facts = placement.facts()
+    return {} if facts is None else {"placement": facts}
+
+
+def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
+         placement: CpuPlacement) -> RunResult:
     torch.set_num_threads(1)
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -123,7 +145,8 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any]) -> RunResult:
     if before:  # lost before this resume: spawned to form the group, lost from the start
         control.set(LOST_KEY, ",".join(str(r) for r in sorted(before)))
     resume = extra.get("resumed_from")
-    procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None)
+    procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None,
+                   placement)
     output = OutputRelay(procs, run_dir / "logs")
     evaluation = None if config.script else _start_evaluation(config, run_dir, control)
     clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
@@ -277,7 +300,8 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 def _spawn(
-    config: RunConfig, run_dir: Path, port: int, resume_at: float | None
+    config: RunConfig, run_dir: Path, port: int, resume_at: float | None,
+    placement: CpuPlacement,
 ) -> list[subprocess.Popen[bytes]]:
     command = (
         [sys.executable, *config.script]
@@ -305,6 +329,7 @@ def _spawn(
             env[ENV_RESUME_AT] = repr(resume_at)
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
+        placement.place(rank, procs[-1].pid)  # before it gets to training
     return procs
 
 

@@ -106,10 +106,11 @@ def time_to_target(
 
 def ideal_samples_per_s(config: RunConfig) -> float | None:
     """The sum of the workers' own speeds (emulated step time x mean slowdown): what a run
-    would reach if no worker ever waited for another. None without an emulated step time."""
-    if not config.step_time or not config.batch_size:
-        return None
+    would reach if no worker ever waited for another. None without an emulated step time, or
+    under a `cpu:` slowdown: how fast the kernel's quota lets a worker go is not known here."""
     spec = config.slowdown_spec()
+    if not config.step_time or not config.batch_size or spec.kind == "cpu":
+        return None
     step_s = config.step_time / 1000.0
     speeds = [config.batch_size / (step_s * spec.mean_factor(r)) for r in range(config.workers)]
     return round(sum(speeds), 2)

@@ -69,8 +69,8 @@ def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
     declared = parse_payload(config.payload)
     payload = float(declared if declared is not None
                     else model_bytes(get_workload(config.workload).build_model()))
-    costs = Costs.build(config.step_time, config.slowdown_spec(), config.network,
-                        config.workers, payload)
+    slowdown = config.slowdown_spec().emulated()  # no kernel here: a cpu share S is 1/S
+    costs = Costs.build(config.step_time, slowdown, config.network, config.workers, payload)
     sim = Simulation(config, costs, math=MathModel(config) if options.math else None)
     sim.service_s = {"group-generator": options.gg_service_us * 1e-6,
                      "parameter-server": options.ps_service_us * 1e-6}

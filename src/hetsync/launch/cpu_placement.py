@@ -1,0 +1,129 @@
+"""Where the workers run on this machine's CPUs: `--pin` (cores of their own, by affinity)
+and `--slowdown cpu:` (a CPU quota, hetsync.launch.cpu_quota), applied by the launcher
+around spawning. Both are real, not emulated: the kernel enforces them.
+
+Under `--pin`, rank r gets the `--cpus-per-worker` cores after rank r-1's, in the order of
+the cores this process may run on, and the launcher (its evaluation and snapshots) moves to
+the cores left over. With none left over it shares the last rank's cores, and says so in the
+one line it prints: a launcher that takes cores from every worker would slow them all.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.launch.cpu_quota import CpuQuota
+
+__all__ = ["CpuPlacement", "Pinning", "plan_pinning"]
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """Each rank's cores, the launcher's, and the line that tells the user."""
+
+    workers: list[frozenset[int]]
+    launcher: frozenset[int]
+    note: str
+
+
+def plan_pinning(workers: int, per_worker: int, available: set[int]) -> Pinning:
+    """Give each worker `per_worker` cores of `available` of its own; ConfigError if short."""
+    cores = sorted(available)
+    need = workers * per_worker
+    if need > len(cores):
+        raise ConfigError(f"--pin: {workers} workers x {per_worker} core(s) need {need} cores, "
+                          f"but this process may run on {len(cores)} ({_names(cores)}): use "
+                          "fewer workers or leave --pin out")
+    own = [frozenset(cores[r * per_worker:(r + 1) * per_worker]) for r in range(workers)]
+    left = frozenset(cores[need:])
+    if left:
+        note = (f"--pin: {workers} workers on {_names(cores[:need])} ({per_worker} each), "
+                f"the launcher on {_names(left)}")
+        return Pinning(own, left, note)
+    note = (f"--pin: {workers} workers on {need} cores: the launcher shares "
+            f"{_names(own[-1])} with rank {workers - 1}")
+    return Pinning(own, own[-1], note)
+
+
+class CpuPlacement:
+    """The run's pinning and CPU quotas: set up on entry (ConfigError before anything starts
+    if they cannot be), applied to each worker by `place` right after it is spawned, undone
+    on exit however the run ends (the launcher's own affinity restored, the cgroups removed).
+    """
+
+    def __init__(self, config: RunConfig, run_id: str, cgroup_root: Path | None = None) -> None:
+        self.config = config
+        spec = config.slowdown_spec()
+        shares = {rank: spec.share for rank in spec.ranks} if spec.kind == "cpu" else {}
+        self.quota = CpuQuota(shares, run_id, cgroup_root) if shares else None
+        self.pinning: Pinning | None = None
+        self._launcher_was: set[int] | None = None
+
+    def __enter__(self) -> CpuPlacement:
+        if self.config.pin:
+            self.pinning = plan_pinning(self.config.workers, self.config.cpus_per_worker,
+                                        os.sched_getaffinity(0))
+        if self.quota is not None:
+            self.quota.create()
+        if self.pinning is not None:
+            self._launcher_was = os.sched_getaffinity(0)
+            _set_own_affinity(self.pinning.launcher)
+            print(f"hetsync: {self.pinning.note}", file=sys.stderr)  # --quiet hides the bar only
+        return self
+
+    def place(self, rank: int, pid: int) -> None:
+        """Pin and cap a just-spawned worker before it gets to training. One that is already
+        gone is left to the monitor to report."""
+        try:
+            if self.pinning is not None:
+                os.sched_setaffinity(pid, self.pinning.workers[rank])
+            if self.quota is not None:
+                self.quota.add(rank, pid)
+        except ProcessLookupError:
+            pass
+
+    def facts(self) -> dict[str, Any] | None:
+        """What was done, for summary.json's `placement`; None if nothing was."""
+        if self.pinning is None and self.quota is None:
+            return None
+        facts: dict[str, Any] = {}
+        if self.pinning is not None:
+            facts["cores"] = {str(r): sorted(c) for r, c in enumerate(self.pinning.workers)}
+            facts["launcher_cores"] = sorted(self.pinning.launcher)
+        if self.quota is not None:
+            facts["cpu_share"] = {str(r): s for r, s in sorted(self.quota.shares.items())}
+            facts["cgroup"] = "v2" if self.quota.v2 else "v1"
+        return facts
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        if self._launcher_was is not None:
+            _set_own_affinity(self._launcher_was)
+        if self.quota is not None:
+            for problem in self.quota.remove():
+                print(f"hetsync: {problem}", file=sys.stderr)
+
+
+def _set_own_affinity(cores: set[int] | frozenset[int]) -> None:
+    """Every thread of this process (the store's included), not just the calling one."""
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), cores)
+        except (ProcessLookupError, ValueError):
+            continue
+
+
+def _names(cores: set[int] | frozenset[int] | list[int]) -> str:
+    ordered = sorted(cores)
+    if len(ordered) == 1:
+        return f"core {ordered[0]}"
+    if ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"cores {ordered[0]}-{ordered[-1]}"
+    return "cores " + ",".join(map(str, ordered))

@@ -1,0 +1,92 @@
+"""`--pin` and `--slowdown cpu:` refused in one line before anything starts (no processes)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hetsync.cli import main
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.launch import cpu_quota
+from hetsync.launch.cpu_placement import plan_pinning
+from hetsync.launch.cpu_quota import CpuQuota
+from hetsync.launch.launcher import run
+
+
+def test_pinning_gives_each_worker_its_own_cores_and_the_launcher_the_rest():
+    pinning = plan_pinning(2, 2, {0, 1, 2, 3, 4, 5})
+    assert pinning.workers == [{0, 1}, {2, 3}] and pinning.launcher == {4, 5}
+    assert pinning.note == "--pin: 2 workers on cores 0-3 (2 each), the launcher on cores 4-5"
+
+
+def test_without_cores_to_spare_the_launcher_shares_the_last_workers_and_says_so():
+    pinning = plan_pinning(2, 1, {3, 7})
+    assert pinning.workers == [{3}, {7}] and pinning.launcher == {7}
+    assert pinning.note == "--pin: 2 workers on 2 cores: the launcher shares core 7 with rank 1"
+
+
+def test_pin_with_more_workers_than_cores_is_one_line():
+    with pytest.raises(ConfigError) as error:
+        plan_pinning(3, 1, {0, 1})
+    assert str(error.value) == ("--pin: 3 workers x 1 core(s) need 3 cores, but this process "
+                                "may run on 2 (cores 0-1): use fewer workers or leave --pin out")
+
+
+def test_pin_refusal_comes_before_the_run_directory(tmp_path, capsys):
+    workers = len(os.sched_getaffinity(0)) + 1
+    out = tmp_path / "run"
+    code = main(["train", "--workload", "svm", "--workers", str(workers), "--pin",
+                 "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("hetsync: error: --pin:") and "\n" not in err
+    assert not out.exists()
+
+
+def test_cpus_per_worker_needs_pin():
+    with pytest.raises(ConfigError, match="add --pin"):
+        RunConfig(workers=2, cpus_per_worker=2).validate()
+    with pytest.raises(ConfigError, match="--cpus-per-worker must be >= 1"):
+        RunConfig(workers=2, pin=True, cpus_per_worker=0).validate()
+
+
+def test_no_cgroup_hierarchy_is_one_line_before_the_run_directory(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpu_quota, "CGROUP_ROOT", tmp_path / "no-cgroups")
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError) as error:
+        run(RunConfig(workload="svm", workers=2, slowdown="cpu:ranks=1,share=0.5", out=out,
+                      quiet=True))
+    assert "--slowdown cpu needs the cgroup cpu controller" in str(error.value)
+    assert "\n" not in str(error.value) and not out.exists()
+
+
+def test_a_cgroup_the_kernel_refuses_is_one_line_and_leaves_nothing(tmp_path):
+    """A directory that looks like a v1 cpu hierarchy but is not a cgroup file system: the
+    new cgroup has no control files, as if the kernel had refused it."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    quota = CpuQuota({1: 0.5}, "test", root=tmp_path)
+    with pytest.raises(ConfigError) as error:
+        quota.create()
+    assert "is not a cgroup cpu hierarchy" in str(error.value) and "\n" not in str(error.value)
+    assert sorted(p.name for p in (tmp_path / "cpu").iterdir()) == ["cpu.cfs_quota_us"]
+
+
+def test_a_cgroup_that_cannot_be_made_is_one_line(tmp_path):
+    """mkdir refused (here: a file of that name is in the way), as on a read-only mount."""
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (tmp_path / "cpu" / "hetsync-test-rank0").write_text("")
+    with pytest.raises(ConfigError) as error:
+        CpuQuota({0: 0.5}, "test", root=tmp_path).create()
+    assert str(error.value).startswith("--slowdown cpu: cannot create cgroup ")
+    assert "\n" not in str(error.value)
+
+
+def test_under_torchrun_there_is_no_launcher_to_pin_or_cap(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    code = main(["train", "--workload", "svm", "--slowdown", "cpu:ranks=0,share=0.5",
+                 "--out", str(tmp_path / "run"), "--quiet"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "applied by hetsync's launcher" in err and "\n" not in err

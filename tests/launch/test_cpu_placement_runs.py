@@ -1,0 +1,95 @@
+"""`--pin` and `--slowdown cpu:` in real runs: what the workers see of the kernel's placement,
+and the quota cgroups gone after the run, however it ended. Needs root and a cgroup cpu
+controller (skipped without), and two cores for --pin."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.launch.cpu_quota import CpuQuota
+from hetsync.launch.launcher import run
+
+pytestmark = pytest.mark.integration
+SCRIPT = Path(__file__).parent / "scripts" / "placement.py"
+
+
+def _quota_permitted() -> bool:
+    quota = CpuQuota({0: 0.5}, f"probe{os.getpid()}")
+    try:
+        quota.create()
+    except ConfigError:
+        return False
+    quota.remove()
+    return True
+
+
+needs_quota = pytest.mark.skipif(not _quota_permitted(),
+                                 reason="cgroup CPU quotas need root and a cpu controller")
+needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="--pin: 2 cores")
+
+
+def _our_cgroups() -> list[Path]:
+    """This process's runs' quota cgroups (the launcher's pid is the run id)."""
+    quota = CpuQuota({}, "")
+    return sorted(quota.base.glob(f"hetsync-{os.getpid()}-rank*"))
+
+
+def _facts(out: Path, name: str) -> list[dict]:
+    return [json.loads((out / f"rank{r}.{name}json").read_text()) for r in range(2)]
+
+
+def _cpu_cgroup(facts: dict) -> str:
+    """The worker's cgroup in the cpu hierarchy (v1), or its only one (v2)."""
+    lines = [line.split(":", 2) for line in facts["cgroups"]]
+    return next((path for _, names, path in lines if "cpu" in names.split(",")), lines[-1][2])
+
+
+@needs_quota
+@needs_two_cores
+def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_path):
+    result = run(RunConfig(script=[str(SCRIPT), str(tmp_path)], protocol="adpsgd", workers=2,
+                           pin=True, slowdown="cpu:ranks=1,share=0.25", max_time=2.0,
+                           out=tmp_path / "run", quiet=True))
+    start, end = _facts(tmp_path, "start."), _facts(tmp_path, "")
+    cores = sorted(os.sched_getaffinity(0))
+    assert [f["cores"] for f in start] == [[cores[0]], [cores[1]]]
+    assert _cpu_cgroup(start[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
+    assert "hetsync-" not in _cpu_cgroup(start[0])
+    # The kernel's guarantee, whatever else runs here: at most a quarter of a core (a
+    # period's rounding of slack); how much rank 0 gets depends on the machine's load.
+    assert end[1]["cpu_fraction"] < 0.3 and end[1]["iterations"] > 0
+    assert result.summary["placement"] == {
+        "cores": {"0": [cores[0]], "1": [cores[1]]}, "launcher_cores": [cores[1]],
+        "cpu_share": {"1": 0.25}, "cgroup": "v1" if not CpuQuota({}, "").v2 else "v2"}
+    assert _our_cgroups() == []
+
+
+@needs_quota
+def test_the_cgroup_goes_after_a_killed_worker(tmp_path):
+    with pytest.raises(WorkerFailed, match="rank 1"):
+        run(RunConfig(script=[str(SCRIPT), str(tmp_path)], workers=2, max_time=30.0,
+                      slowdown="cpu:ranks=1,share=1", fault="kill:rank=1,at=1s",
+                      out=tmp_path / "run", quiet=True))
+    assert _cpu_cgroup(_facts(tmp_path, "start.")[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
+    assert _our_cgroups() == []
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["placement"]["cpu_share"] == {"1": 1.0}
+
+
+@pytest.mark.slow
+@needs_quota
+@needs_two_cores
+def test_a_quarter_core_straggler_completes_at_most_0_4_of_the_iterations(train_run):
+    """Real compute, no emulated step time: rank 1, capped at a quarter of its core, falls
+    behind rank 0 under AD-PSGD (asynchronous: rank 0 goes on) by about its share. Needs an
+    otherwise idle machine: under load rank 0 gets less than its core, and the ratio rises."""
+    result = train_run(protocol="adpsgd", workload="digits", pin=True, max_time=8.0,
+                       slowdown="cpu:ranks=1,share=0.25", stop_at_target=False)
+    iterations = result.summary["iterations"]
+    assert iterations[1] <= 0.4 * iterations[0]
