@@ -16,13 +16,8 @@ from hetsync.bench.suites import (
     describe_suites,
     get_suite,
 )
-from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.protocols import available_protocols
-
-# `--device` comes with branch gpu-placement; until it is merged the gpu suite cannot plan.
-HAS_DEVICE = "device" in {f.name for f in dataclasses.fields(RunConfig)}
-NEEDS_DEVICE = pytest.mark.skipif(not HAS_DEVICE, reason="RunConfig has no `device` yet")
 
 
 @pytest.mark.parametrize("name", [n for n in SUITES if n != "gpu"])  # gpu: its own tests
@@ -107,7 +102,6 @@ def test_the_gpu_suite_is_every_protocol_family_against_ddp_on_real_compute():
     assert lines["gpu"] == str(2 * len(labels))
 
 
-@NEEDS_DEVICE
 @pytest.mark.gpu
 def test_the_gpu_suite_passes_its_device_and_real_compute_to_every_run(gpu_device, tmp_path):
     """Planned on `gpu_device` (cuda, or cpu with HETSYNC_TEST_GPU_DEVICE=cpu), since a run
