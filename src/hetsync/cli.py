@@ -26,7 +26,7 @@ __all__ = ["main"]
 #: What each RunConfig field means: the help of its flag, and its row in docs/configuration.md.
 _RUN_HELP = {
     "protocol": "synchronisation protocol (see `hetsync protocols`)",
-    "workload": "built-in workload: cnn, svm, resnet or digits",
+    "workload": "built-in workload: cnn, svm, resnet, resnet-wide or digits",
     "workers": "number of worker processes",
     "step_time": "emulated compute time per iteration, ms (0: real compute only)",
     "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE "
@@ -237,7 +237,7 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from hetsync.bench.command import bench
     from hetsync.bench.runner import BenchOptions, recorded_options
-    from hetsync.bench.suites import describe_suites
+    from hetsync.bench.suites import describe_suites, get_suite
 
     if args.list:
         print(describe_suites())
@@ -251,7 +251,8 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         options = BenchOptions(**given)
         if "workload" not in given:
-            options = dataclasses.replace(options, workload=_default_workload())
+            made_for = get_suite(options.suite).workload
+            options = dataclasses.replace(options, workload=made_for or _default_workload())
     bench(options, out, resume=args.resume)
     return 0
 

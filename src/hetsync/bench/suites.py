@@ -14,7 +14,7 @@ from typing import Any
 from hetsync.errors import ConfigError
 
 __all__ = [
-    "EVERY_PROTOCOL", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
+    "EVERY_PROTOCOL", "GPU", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
     "describe_suites", "eval_every", "get_suite",
 ]
 
@@ -65,6 +65,10 @@ class Suite:
     """Seconds per run unless --max-time says otherwise."""
     simulated: bool = False
     """Too large for real runs: always run in the simulator (simulated seconds)."""
+    workload: str | None = None
+    """The workload the suite was made for, unless --workload says otherwise; None: cnn."""
+    run_options: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Options every run gets (`device`: where the workers' models live)."""
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants
@@ -246,14 +250,27 @@ SCALING_SIM = Suite(
     "scaling", _scaling(), SCALING_VARIANTS, target_loss={"svm": 0.15}, max_time=10.0,
     simulated=True,
 )
+#: Real compute on one GPU (docs/gpus.md): a full-width ResNet-18 that keeps the GPU busy,
+#: four workers sharing it (so gloo, every message staged through host memory), no emulated
+#: step time; every protocol family beside plain DDP, homogeneous and with one worker 5x slow.
+GPU = Suite(
+    "gpu", "one GPU shared by 4 workers, full-width ResNet-18, real compute: every protocol "
+    "family against DDP over gloo (needs a CUDA device)",
+    tuple(Setting(f"gpu · {het}", HETEROGENEITY[het], workers=4, step_time=0.0)
+          for het in ("homogeneous", "one 5x slow")),
+    _pick("ddp", "allreduce", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop", "hop-skip",
+          "prague", "prague-no-overlap", "prague-static", "prague-paper"),
+    max_time=120.0, workload="resnet-wide", run_options=MappingProxyType({"device": "cuda"}),
+)
 SUITES = {suite.name: suite for suite in
-          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM]}
+          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM, GPU]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
 #: target (docs/benchmarks.md, "Resolution"), at most 5% of the shortest times measured (svm
-#: 4 s, cnn 7 s in `smoke`). A cnn snapshot costs a worker 1-2.6 ms, hence its longer period.
-EVAL_EVERY = {"cnn": 0.25}
+#: 4 s, cnn 7 s in `smoke`). A cnn snapshot costs a worker 1-2.6 ms, hence its longer period;
+#: a resnet-wide one is 45 MB copied off the GPU and written (not measured yet), hence 2 s.
+EVAL_EVERY = {"cnn": 0.25, "resnet-wide": 2.0}
 DEFAULT_EVAL_EVERY = 0.1
 
 
