@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.stamp-setup
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: setup demo test test-all lint bench clean
+.PHONY: setup demo test test-all test-gpu lint bench clean
 
 setup: $(STAMP)
 
@@ -30,6 +30,9 @@ test: setup
 
 test-all: setup  # the tests marked slow too (more of the same multi-process checks)
 	$(PY) -m pytest -q -m ""
+
+test-gpu: setup  # the tests that need a CUDA device (they skip without one): docs/gpus.md
+	$(PY) -m pytest -q -m gpu
 
 lint: setup
 	$(VENV)/bin/ruff check src tests experiments examples

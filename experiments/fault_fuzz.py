@@ -105,6 +105,8 @@ def draw(seed: int, index: int, variants: list[str]) -> Case:
     variant = rng.choice(variants)
     protocol = VARIANTS[variant][1]
     workers = rng.choice((4, 4, 4, 5, 6))
+    if protocol == "adpsgd" and workers % 2:  # its ring must be bipartite (no extra draw:
+        workers += 1                          # every other case replays as before)
     iterations = rng.randrange(40, 121)
     step_ms = rng.choice((5.0, 10.0, 20.0))
     slowdown = "none"

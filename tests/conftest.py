@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,31 @@ def train_run(tmp_path):
     return start
 
 
+#: Where the `gpu` tests put their models: "cuda" (the default), or "cpu" to check their logic
+#: on a machine without a GPU (not in CI: there they skip).
+GPU_DEVICE_ENV = "HETSYNC_TEST_GPU_DEVICE"
+
+
+def gpu_test_device() -> str:
+    return os.environ.get(GPU_DEVICE_ENV, "cuda")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A `gpu` test skips itself where its device is CUDA and none is visible."""
+    if not gpu_test_device().startswith("cuda") or torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason=f"no CUDA device ({GPU_DEVICE_ENV}=cpu runs the logic here)")
+    for item in items:
+        if item.get_closest_marker("gpu"):
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def gpu_device() -> str:
+    """The device a `gpu` test puts its models on (see GPU_DEVICE_ENV)."""
+    return gpu_test_device()
+
+
 CONSERVATION_SCRIPT = Path(__file__).parent / "launch" / "scripts" / "conservation.py"
 
 
@@ -45,7 +71,8 @@ def check_zero_lr_consensus(tmp_path):
         out.mkdir()
         script = [str(CONSERVATION_SCRIPT), str(out), *script_args]
         script += ["late"] if late_even_ranks else []
-        result = run(RunConfig(workers=workers, script=script, out=out, quiet=True, **options))
+        result = run(RunConfig(workers=workers, script=script, out=out, quiet=True,
+                               **{"device": "cpu", **options}))  # a CPU model
         saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
         initial = torch.stack([s["initial"] for s in saved])
         final = torch.stack([s["final"] for s in saved])

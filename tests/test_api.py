@@ -12,7 +12,7 @@ from hetsync.api import SyncOptimizer
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    hetsync.init(protocol="allreduce")
+    hetsync.init(protocol="allreduce", device="cpu")  # the models here are on the CPU
     yield
     hetsync.shutdown()
 

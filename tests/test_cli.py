@@ -13,6 +13,7 @@ import pytest
 from hetsync import cli
 from hetsync.cli import main
 from hetsync.config import RunConfig, load_toml
+from hetsync.transport.placement import visible_gpus
 
 
 @pytest.mark.parametrize(
@@ -29,6 +30,7 @@ from hetsync.config import RunConfig, load_toml
         (["--max-iterations", "0"], "--max-iterations must be >= 1"),
         (["--data-dir", "/no/such/dir"], "--data-dir /no/such/dir is not a directory"),
         (["--backend", "mpi"], "--backend must be auto or gloo or nccl"),
+        (["--device", "gpu"], "--device must be auto or cpu or cuda"),
     ],
 )
 def test_bad_train_options(args, fragment, capsys, tmp_path):
@@ -38,6 +40,32 @@ def test_bad_train_options(args, fragment, capsys, tmp_path):
     assert fragment in err
     assert err.count("\n") == 1, err
     assert not out.exists()  # nothing was started
+
+
+@pytest.mark.skipif(visible_gpus() > 0, reason="this machine has a CUDA device")
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--device", "cuda"], "--device cuda needs a CUDA device; none is visible"),
+        (["--backend", "nccl"], "--backend nccl needs CUDA devices; none is visible here"),
+    ],
+)
+def test_gpu_options_without_a_gpu_fail_in_one_line_before_spawning(args, line, capsys,
+                                                                      tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--workload", "svm", "--workers", "2", "--out", str(out), *args]) == 2
+    assert capsys.readouterr().err == f"hetsync: error: {line}\n"
+    assert not out.exists()  # nothing was started
+
+
+def test_nccl_with_models_on_the_cpu_is_refused_before_spawning(capsys, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--workload", "svm", "--out", str(out), "--backend", "nccl",
+                 "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetsync: error: --backend nccl sends device memory") and \
+        err.count("\n") == 1, err
+    assert not out.exists()
 
 
 def test_unparsable_number_is_argparse_error(capsys):

@@ -26,7 +26,7 @@ __all__ = ["main"]
 #: What each RunConfig field means: the help of its flag, and its row in docs/configuration.md.
 _RUN_HELP = {
     "protocol": "synchronisation protocol (see `hetsync protocols`)",
-    "workload": "built-in workload: cnn, svm, resnet or digits",
+    "workload": "built-in workload: cnn, svm, resnet, resnet-wide or digits",
     "workers": "number of worker processes",
     "step_time": "emulated compute time per iteration, ms (0: real compute only)",
     "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE "
@@ -49,7 +49,10 @@ _RUN_HELP = {
     "eval_every": "seconds between evaluated model snapshots",
     "eval_samples": "held-out samples used to evaluate each worker's own model",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
-    "backend": "auto (NCCL with CUDA, else gloo), gloo or nccl",
+    "backend": "auto (NCCL where each local worker's model has a GPU of its own, else gloo), "
+    "gloo or nccl",
+    "device": "where the workers' models compute: auto (a GPU when one is visible), cpu or "
+    "cuda; workers share GPUs round-robin",
     "topology": "graph of decentralized protocols: ring, directed-ring, torus, exponential, "
     "one-peer-exponential, complete, bipartite-exponential, edges:FILE",
     "weights": "mixing weights: uniform or metropolis (Metropolis-Hastings)",
@@ -234,7 +237,7 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
 def _bench(args: argparse.Namespace) -> int:
     from hetsync.bench.command import bench
     from hetsync.bench.runner import BenchOptions, recorded_options
-    from hetsync.bench.suites import describe_suites
+    from hetsync.bench.suites import describe_suites, get_suite
 
     if args.list:
         print(describe_suites())
@@ -248,7 +251,8 @@ def _bench(args: argparse.Namespace) -> int:
     else:
         options = BenchOptions(**given)
         if "workload" not in given:
-            options = dataclasses.replace(options, workload=_default_workload())
+            made_for = get_suite(options.suite).workload
+            options = dataclasses.replace(options, workload=made_for or _default_workload())
     bench(options, out, resume=args.resume)
     return 0
 

@@ -26,6 +26,7 @@ from hetsync.protocols.catalog import (
 )
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
+from hetsync.transport.placement import BACKENDS, DEVICES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -36,7 +37,8 @@ __all__ = ["OPTION_HELP", "RunConfig", "load_toml"]
 
 _CHOICES = {
     "weights": WEIGHTS,
-    "backend": ("auto", "gloo", "nccl"),
+    "backend": BACKENDS,
+    "device": DEVICES,
     "on_failure": ("stop", "continue"),
     **{name: allowed for options in PROTOCOL_OPTIONS for name, allowed in options.CHOICES.items()},
 }
@@ -91,6 +93,10 @@ class _RunOptions:
     hang_timeout: float = 20.0
     """A worker without progress this long is reported as hung."""
     backend: str = "auto"
+    """How messages travel; auto: NCCL where every local worker has a GPU of its own (see
+    hetsync.transport.placement)."""
+    device: str = "auto"
+    """Where the built-in workloads' models compute; auto: a GPU when one is visible."""
     network: str = "none"
     """Emulated network (see hetsync.network.spec); none: the real one, nothing added."""
     payload: str = "none"
@@ -184,11 +190,6 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
             protocol.check_config(self)
         if self.on_failure == "continue":
             essential_ranks(self)
-        if self.backend == "nccl":
-            import torch  # late: reading a config must not cost a torch import
-
-            if not torch.cuda.is_available():
-                raise ConfigError("--backend nccl needs CUDA devices; none is visible here")
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
         if self.script and not Path(self.script[0]).is_file():

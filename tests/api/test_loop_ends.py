@@ -56,7 +56,7 @@ def _run(tmp_path: Path, protocol: str, options: dict, workers: int, uneven: boo
     script = [str(SCRIPT), str(out), str(EPOCHS), str(BATCHES), *(["uneven"] if uneven else [])]
     result = run(RunConfig(protocol=protocol, workers=workers, script=script, out=out,
                            max_iterations=max_iterations, max_time=120, hang_timeout=10.0,
-                           quiet=True, **options))
+                           quiet=True, device="cpu", **options))
     saved = [torch.load(out / f"final_rank{r}.pt") for r in range(workers)]
     # The PS's server model is the run's, the workers' copies. Hop with --skip: a worker that
     # leaves first has its last updates unapplied by the others (the sum drifts; open, not a hang).
@@ -93,4 +93,4 @@ def test_uneven_shards_under_a_lock_step_protocol_name_the_worker_whose_loop_end
     script = [str(SCRIPT), str(tmp_path), "1", "3", "uneven"]
     with pytest.raises(WorkerFailed, match="rank 0 ended its loop by itself after iteration 3"):
         run(RunConfig(protocol="allreduce", workers=2, script=script, out=tmp_path / "run",
-                      hang_timeout=3.0, quiet=True))
+                      hang_timeout=3.0, quiet=True, device="cpu"))

@@ -36,7 +36,8 @@ def test_a_low_precision_model_trains_past_its_exact_integers(protocol, options,
                                                               iterations, tmp_path):
     result = run(RunConfig(protocol=protocol, workers=2, script=[str(SCRIPT), str(tmp_path),
                                                                   dtype],
-                           out=tmp_path, max_iterations=iterations, quiet=True, **options))
+                           out=tmp_path, max_iterations=iterations, quiet=True, device="cpu",
+                           **options))
     assert min(result.summary["iterations"]) >= iterations - 1  # nobody stopped early
     for rank in range(2):
         saved = torch.load(tmp_path / f"lp_rank{rank}.pt")

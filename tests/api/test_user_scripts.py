@@ -30,7 +30,7 @@ def test_batchnorm_statistics_move_and_stay_consistent(protocol, options, tmp_pa
     workers = 2  # as telling as 4 here, and each run starts faster
     result = run(RunConfig(protocol=protocol, workers=workers, script=[str(SCRIPT), str(tmp_path)],
                            out=tmp_path, max_iterations=40, eval_every=0.5, quiet=True,
-                           **options))
+                           device="cpu", **options))
     saved = [torch.load(tmp_path / f"bn_rank{r}.pt") for r in range(workers)]
     local = torch.stack([s["local"] for s in saved])
     consensus = saved[0]["consensus"]
@@ -49,7 +49,8 @@ def test_batchnorm_statistics_move_and_stay_consistent(protocol, options, tmp_pa
 def test_a_script_under_torchrun_writes_its_run_directory(tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "run.toml"
-    config.write_text(f'protocol = "dpsgd"\nmax_iterations = 20\nout = "{out}"\n')
+    config.write_text(f'protocol = "dpsgd"\nmax_iterations = 20\nout = "{out}"\n'
+                      'device = "cpu"\n')  # the script's model is on the CPU
     env = {**os.environ, "HETSYNC_CONFIG": str(config)}
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", "2", str(SCRIPT), str(tmp_path)]

@@ -6,6 +6,7 @@ the reduction alone; test_command.py checks it on real runs."""
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 import pytest
 
@@ -121,15 +122,16 @@ def test_speedup_cases(base, row, expected):
     assert speedup(as_row(base), as_row(row)) == expected
 
 
+SOLO = (Variant.of("solo", protocol="allreduce"),)
 REAL = Suite(
     "real-test", "real compute against one worker alone",
-    (Setting("solo", workers=1, variants=(Variant.of("solo", protocol="allreduce"),),
-             reference=True),
-     Setting("solo at share", "cpu:ranks=0,share=0.25", workers=1,
-             variants=(Variant.of("solo", protocol="allreduce"),), reference=True),
-     Setting("homogeneous"), Setting("slow", "cpu:ranks=1,share=0.25")),
+    (Setting("solo", workers=1, variants=SOLO, step_time=0.0, reference=True),
+     Setting("solo at share", "cpu:ranks=0,share=0.25", workers=1, variants=SOLO,
+             step_time=0.0, reference=True),
+     Setting("homogeneous", step_time=0.0),
+     Setting("slow", "cpu:ranks=1,share=0.25", step_time=0.0)),
     (Variant.of("allreduce", protocol="allreduce"), Variant.of("adpsgd", protocol="adpsgd")),
-    real=True,
+    real=True, run_options=MappingProxyType({"pin": True}),
 )
 
 

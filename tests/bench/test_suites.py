@@ -2,16 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
+from types import MappingProxyType
+
 import pytest
 
 from hetsync.bench.runner import BenchOptions, plan
-from hetsync.bench.suites import EVERY_PROTOCOL, HEADLINE, SUITES, describe_suites, get_suite
+from hetsync.bench.suites import (
+    EVERY_PROTOCOL,
+    GPU,
+    HEADLINE,
+    SUITES,
+    describe_suites,
+    get_suite,
+)
 from hetsync.errors import ConfigError
 from hetsync.protocols import available_protocols
 from hetsync.workloads import get_workload
 
 
-@pytest.mark.parametrize("name", list(SUITES))
+@pytest.mark.parametrize("name", [n for n in SUITES if n != "gpu"])  # gpu: its own tests
 @pytest.mark.parametrize("workload", ["cnn", "svm"])
 def test_every_suite_plans_valid_runs(name, workload, tmp_path):
     suite = get_suite(name)
@@ -85,3 +95,27 @@ def test_every_workload_a_suite_names_exists():
         for setting in suite.settings:
             if setting.workload is not None:
                 get_workload(setting.workload)
+
+
+def test_the_gpu_suite_is_every_protocol_family_against_ddp_on_real_compute():
+    """Listed without planning (planning a CUDA run validates it against this machine)."""
+    assert GPU.workload == "resnet-wide" and dict(GPU.run_options) == {"device": "cuda"}
+    labels = [variant.label for variant in GPU.variants]
+    assert labels[0] == "ddp"
+    assert {v.options["protocol"] for v in GPU.variants} == set(available_protocols())
+    assert {"prague", "prague-no-overlap", "prague-static", "ps-sync", "ps-async"} <= set(labels)
+    assert [(s.slowdown, s.workers, s.step_time) for s in GPU.settings] == [
+        ("none", 4, 0.0), ("deterministic:ranks=3,factor=5", 4, 0.0)]
+    lines = {line.split()[0]: line.split()[1] for line in describe_suites().splitlines()}
+    assert lines["gpu"] == str(2 * len(labels))
+
+
+@pytest.mark.gpu
+def test_the_gpu_suite_passes_its_device_and_real_compute_to_every_run(gpu_device, tmp_path):
+    """Planned on `gpu_device` (cuda, or cpu with HETSYNC_TEST_GPU_DEVICE=cpu), since a run
+    on a device this machine lacks is refused."""
+    suite = dataclasses.replace(GPU, run_options=MappingProxyType({"device": gpu_device}))
+    runs = plan(suite, BenchOptions(suite="gpu", workload="resnet-wide"), tmp_path)
+    assert len(runs) == 2 * len(GPU.variants) and not any(r.not_applicable for r in runs)
+    assert {(r.config.device, r.config.step_time, r.config.workers) for r in runs} == {
+        (gpu_device, 0.0, 4)}

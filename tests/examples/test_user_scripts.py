@@ -26,7 +26,7 @@ MLP = [str(EXAMPLES / "batchnorm_mlp.py"), "--epochs", "4", "--hidden", "64"]
 def _run(script: list[str], protocol: str, tmp_path: Path, **options: object) -> dict:
     """Launch `script` on 2 workers; its user_result.json, checked against summary.json."""
     summary = run(RunConfig(protocol=protocol, workers=2, script=script, out=tmp_path,
-                            quiet=True, **options)).summary
+                            quiet=True, device="cpu", **options)).summary
     result = json.loads((tmp_path / "user_result.json").read_text())
     assert summary["stop_reason"].startswith(LOOP_ENDED)  # the loop ran its epochs
     assert summary["final_loss"] == pytest.approx(result["val_loss"], abs=1e-3)

@@ -148,7 +148,7 @@ def test_worker_output_gets_its_own_lines_above_the_bar(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "stderr", terminal)
     out = tmp_path / "run"
     run(RunConfig(script=[str(CHATTY), "1000"], workers=2, max_iterations=10, step_time=20.0,
-                  out=out))
+                  out=out, device="cpu"))
     shown = [line.rsplit("\r", 1)[-1] for line in terminal.getvalue().split("\n")]
     worker_lines = [line for line in shown if "from rank" in line]
     assert len(worker_lines) == 2 * (1000 + 1000 + 10)
@@ -168,7 +168,7 @@ def test_output_of_a_worker_that_failed_before_init(tmp_path, capsys):
     out = tmp_path / "run"
     with pytest.raises(WorkerFailed) as failure:
         run(RunConfig(script=[str(CHATTY), "100", "crash"], workers=2, max_iterations=20,
-                      out=out, quiet=True))
+                      out=out, quiet=True, device="cpu"))
     message = str(failure.value)
     assert "worker rank 1 failed with exit code 1" in message
     assert "RuntimeError: rank 1 could not start" in message and "logs/rank1.out" in message

@@ -68,11 +68,11 @@ def test_digits_workload_trains_one_step():
     assert torch.isfinite(loss)
 
 
-@pytest.mark.parametrize("name", ["cnn", "svm", "resnet", "digits"])
+@pytest.mark.parametrize("name", ["cnn", "svm", "resnet", "resnet-wide", "digits"])
 def test_models_accept_their_inputs(name):
     workload = get_workload(name)
     shape = {"cnn": (2, 1, 28, 28), "svm": (2, 784), "resnet": (2, 1, 32, 32),
-             "digits": (2, 1, 8, 8)}[name]
+             "resnet-wide": (2, 1, 32, 32), "digits": (2, 1, 8, 8)}[name]
     out = workload.build_model()(torch.zeros(shape))
     assert out.shape[0] == 2
 

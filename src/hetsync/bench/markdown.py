@@ -177,6 +177,11 @@ def legend_lines(runs: list[PlannedRun]) -> list[str]:
             + "\n"]
 
 
+def _compute(step_time: float | None, options: dict[str, Any]) -> str:
+    step_time = options["step_time"] if step_time is None else step_time
+    return f"{step_time:g} ms emulated compute per iteration" if step_time else "real compute"
+
+
 def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
                    command: str) -> Path:
     """Write out/results.md (and its plots under out/plots/); return its path."""
@@ -228,8 +233,8 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
             continue
         sections += [
             f"## {setting['name']}\n",
-            f"{setting['workers']} workers, {setting.get('step_time') or o['step_time']:g} ms "
-            f"emulated compute per iteration, slowdown `{setting['slowdown']}`.{emulated}\n",
+            f"{setting['workers']} workers, {_compute(setting.get('step_time'), o)}, slowdown "
+            f"`{setting['slowdown']}`.{emulated}\n",
             setting_table(setting),
             # A simulated suite's runs have up to thousands of workers: its scaling figure
             # says what per-run figures would, which would take minutes to draw.

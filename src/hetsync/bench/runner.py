@@ -102,7 +102,8 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                 config = RunConfig(**{
                     "workload": setting.workload or options.workload,
                     "workers": setting.workers or options.workers,
-                    "step_time": 0.0 if suite.real else setting.step_time or options.step_time,
+                    "step_time": options.step_time if setting.step_time is None
+                    else setting.step_time,
                     "slowdown": setting.slowdown,
                     "network": options.network or setting.network,
                     "payload": options.payload or setting.payload,
@@ -115,7 +116,7 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "label": variant.label,
                     "quiet": quiet,
                     "overwrite": True,  # the suite folder is the bench's: --resume redoes runs
-                    **({"pin": True} if suite.real else {}),
+                    **suite.run_options,
                     **variant.options,
                 })
                 try:

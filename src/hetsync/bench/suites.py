@@ -14,7 +14,7 @@ from typing import Any
 from hetsync.errors import ConfigError
 
 __all__ = [
-    "EVERY_PROTOCOL", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
+    "EVERY_PROTOCOL", "GPU", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
     "describe_suites", "eval_every", "get_suite",
 ]
 
@@ -70,8 +70,12 @@ class Suite:
     simulated: bool = False
     """Too large for real runs: always run in the simulator (simulated seconds)."""
     real: bool = False
-    """Real compute: no emulated step time, every worker pinned to cores of its own (`--pin`),
-    stragglers made by a CPU quota; the ideal comes from the suite's reference runs."""
+    """Real compute on pinned workers against one worker alone: the ideal and the compute
+    inflation come from the suite's reference settings (`Setting.reference`)."""
+    workload: str | None = None
+    """The workload the suite was made for, unless --workload says otherwise; None: cnn."""
+    run_options: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Options every run gets (`device`: where the workers' models live)."""
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants
@@ -239,13 +243,15 @@ def _real(workers: int, slow_rank: int) -> tuple[Setting, ...]:
     for workload in REAL_WORKLOADS:
         settings += [
             Setting(f"solo · {workload}", workers=1, variants=(SOLO,), workload=workload,
-                    reference=True),
+                    step_time=0.0, reference=True),
             Setting(f"solo at share {SHARE:g} · {workload}", f"cpu:ranks=0,share={SHARE:g}",
-                    workers=1, variants=(SOLO,), workload=workload, reference=True),
-            Setting(f"homogeneous · {workload}", workers=workers, workload=workload),
+                    workers=1, variants=(SOLO,), workload=workload, step_time=0.0,
+                    reference=True),
+            Setting(f"homogeneous · {workload}", workers=workers, workload=workload,
+                    step_time=0.0),
             Setting(f"rank {slow_rank} at share {SHARE:g} · {workload}",
                     f"cpu:ranks={slow_rank},share={SHARE:g}", workers=workers,
-                    workload=workload),
+                    workload=workload, step_time=0.0),
         ]
     return tuple(settings)
 
@@ -264,6 +270,7 @@ REAL = Suite(
     _pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop-skip", "prague",
           "prague-paper"),
     target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=35.0, real=True,
+    run_options=MappingProxyType({"pin": True}),
 )
 REAL_SMALL = Suite(
     "real-small", "real compute, 2 pinned workers (a 2-core machine): every protocol "
@@ -271,6 +278,7 @@ REAL_SMALL = Suite(
     _real(2, 1),
     (*_pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop"), *_PAIRS),
     target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=30.0, real=True,
+    run_options=MappingProxyType({"pin": True}),
 )
 
 
@@ -305,17 +313,29 @@ SCALING_SIM = Suite(
     "scaling", _scaling(), SCALING_VARIANTS, target_loss={"svm": 0.15}, max_time=10.0,
     simulated=True,
 )
+#: Real compute on one GPU (docs/gpus.md): a full-width ResNet-18 that keeps the GPU busy,
+#: four workers sharing it (so gloo, every message staged through host memory), no emulated
+#: step time; every protocol family beside plain DDP, homogeneous and with one worker 5x slow.
+GPU = Suite(
+    "gpu", "one GPU shared by 4 workers, full-width ResNet-18, real compute: every protocol "
+    "family against DDP over gloo (needs a CUDA device)",
+    tuple(Setting(f"gpu · {het}", HETEROGENEITY[het], workers=4, step_time=0.0)
+          for het in ("homogeneous", "one 5x slow")),
+    _pick("ddp", "allreduce", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop", "hop-skip",
+          "prague", "prague-no-overlap", "prague-static", "prague-paper"),
+    max_time=120.0, workload="resnet-wide", run_options=MappingProxyType({"device": "cuda"}),
+)
 SUITES = {suite.name: suite for suite in
-          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM,
+          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM, GPU,
            REAL, REAL_SMALL]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
 #: target (docs/benchmarks.md, "Resolution"), at most 5% of the shortest times measured (svm
 #: 4 s, cnn 7 s in `smoke`). A cnn snapshot costs a worker 1-2.6 ms, hence its longer period;
-#: a ResNet evaluation takes the launcher seconds of real CPU, which real suites' workers would
-#: feel: rarer evaluations, a coarser time to target.
-EVAL_EVERY = {"cnn": 0.25, "resnet": 2.0, "resnet-wide": 5.0}
+#: a ResNet evaluation takes the launcher seconds of real CPU (resnet-wide's also copies 45 MB
+#: off the GPU), which real compute's workers feel: rarer evaluations, a coarser time to target.
+EVAL_EVERY = {"cnn": 0.25, "resnet": 2.0, "resnet-wide": 2.0}
 DEFAULT_EVAL_EVERY = 0.1
 
 

@@ -42,6 +42,7 @@ from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.protocols.catalog import essential_ranks
 from hetsync.transport.lost_workers import LOST_KEY
+from hetsync.transport.placement import place, visible_gpus
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
 from hetsync.workloads import get_workload
 
@@ -62,7 +63,7 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     what was measured, with the reason it stopped. `resume`: go on with the run in
     `config.out` from its workers' checkpoints (hetsync.launch.checkpoint)."""
     check_capacity(config.workers)  # first: validate() sizes structures by the worker count
-    config = config.validate().resolved()
+    config = placed(config.validate().resolved())
     run_dir = Path(config.out) if config.out else default_out(config)
     with CpuPlacement(config, run_id=str(os.getpid())) as placement, RunLock(run_dir):
         extra: dict[str, Any] = _placement_facts(placement)
@@ -89,6 +90,19 @@ def _earlier_resumes(run_dir: Path) -> list[dict[str, Any]]:
         return list(json.loads((run_dir / "summary.json").read_text()).get("resumed_from", []))
     except (OSError, ValueError, AttributeError):
         return []
+
+
+def placed(config: RunConfig) -> RunConfig:
+    """`config` with its backend and device decided, once, before spawning: what cannot run
+    (`--device cuda` without a GPU, NCCL with workers sharing a GPU) fails here in one line,
+    and the workers, reading the resolved `backend` and device kind from config.json, each
+    take `cuda:(rank % GPUs)` or the CPU by the same rule (hetsync.transport.placement)."""
+    placement = place(config.backend, config.device, gpus=visible_gpus(),
+                      local_workers=config.workers, local_rank=0)
+    if placement.note and not config.quiet:
+        print(f"hetsync: note: {placement.note}", file=sys.stderr)
+    kind = placement.device.split(":")[0]
+    return dataclasses.replace(config, backend=placement.backend, device=kind)
 
 
 #: Resident memory of one worker process (torch imported, a small model trained), measured

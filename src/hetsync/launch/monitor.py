@@ -265,14 +265,22 @@ class Monitor:
                             own=not secondary)
 
     def _last_output(self, rank: int) -> str:
+        """Its last lines on stderr (where an uncaught exception's traceback goes), else on
+        stdout, else what logs/rank{r}.out holds."""
+        lines, what = [], "output"
         if self.output is not None:
             self.output.wait_for(rank)
+            lines = self.output.tail(rank, stderr=True)
+            what = "error output" if lines else what
+            lines = lines or self.output.tail(rank, stderr=False)
         out = self.log_dir / f"rank{rank}.out"
-        lines = out.read_text(errors="replace").splitlines() if out.is_file() else []
+        if not lines and out.is_file():
+            lines = out.read_text(errors="replace").splitlines()
         if not lines:
             return "(no traceback was written)"
         tail = "\n".join(lines[-OUTPUT_TAIL_LINES:])
-        return f"no traceback was written; its last output (logs/rank{rank}.out):\n{tail}"
+        return (f"no traceback was written; its last {what} (all of it in logs/rank{rank}.out):"
+                f"\n{tail}")
 
 
 def _process_state(pid: int) -> str:

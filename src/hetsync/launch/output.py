@@ -16,6 +16,7 @@ import selectors
 import subprocess
 import sys
 import threading
+from collections import deque
 from pathlib import Path
 from typing import IO
 
@@ -25,6 +26,8 @@ __all__ = ["OutputRelay"]
 
 #: Longer lines are shown in pieces (a worker redrawing its own bar with "\r", say).
 MAX_LINE = 1 << 16
+#: Lines of each stream kept for a failure report.
+TAIL_LINES = 30
 
 
 class _Stream:
@@ -34,6 +37,9 @@ class _Stream:
         self.rank, self.to_stderr, self.copy = rank, to_stderr, copy
         self.muted = False
         self.partial = b""
+        self.tail: deque[str] = deque(maxlen=TAIL_LINES)
+        """The last lines, for a failure report (the copy interleaves both streams in the
+        order the relay happened to read them, which is not the order they were written)."""
 
     def feed(self, chunk: bytes) -> None:
         lines = (self.partial + chunk).split(b"\n")
@@ -53,6 +59,7 @@ class _Stream:
 
     def _show(self, line: bytes) -> None:
         self.copy.write(line + b"\n")
+        self.tail.append(line.decode(errors="replace"))
         if self.muted:
             return
         shown = line.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1]  # as a tty would
@@ -102,6 +109,11 @@ class OutputRelay:
         (at most `timeout`: the relay thread can lag on a loaded machine)."""
         with self._closed:
             self._closed.wait_for(lambda: self._open[rank] == 0, timeout)
+
+    def tail(self, rank: int, stderr: bool) -> list[str]:
+        """The last lines `rank` wrote to stderr (or stdout), as far as the relay read them."""
+        return next(list(s.tail) for s in self._streams
+                    if s.rank == rank and s.to_stderr == stderr)
 
     def _loop(self) -> None:
         try:

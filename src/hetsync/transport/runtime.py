@@ -2,8 +2,9 @@
 
 `init()` works the same under `hetsync launch`/`hetsync train` (the launcher hosts a TCPStore
 and passes its port), under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, ... from the agent) and
-in a plain single process (a world of one). NCCL is used when CUDA devices are present (one GPU
-per local rank), gloo otherwise.
+in a plain single process (a world of one). The backend and compute device come from
+`hetsync.transport.placement.place()`, the launcher's own rule: NCCL where every local worker
+has a GPU of its own, gloo otherwise; workers share GPUs round-robin.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hetsync.config import RunConfig, load_toml
 from hetsync.errors import ConfigError, is_follow_on
 from hetsync.faults import FaultPlan, MessageDelay, parse_faults
 from hetsync.transport.lost_workers import LostWorkers
+from hetsync.transport.placement import place, visible_gpus
 
 __all__ = ["Runtime", "current_runtime", "init"]
 
@@ -175,7 +177,8 @@ def init(**defaults: object) -> Runtime:
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    backend, device = _backend_and_device(config.backend, local_rank)
+    backend, device = _placement(config, local_rank)
+    config = dataclasses.replace(config, backend=backend, device=device.type)  # as decided
     if run_dir is None and config.out is not None:
         run_dir = Path(config.out)
     launched = ENV_STORE_PORT in os.environ
@@ -276,16 +279,20 @@ def _read_config(defaults: dict[str, object], run_dir: Path | None) -> RunConfig
     return config
 
 
-def _backend_and_device(requested: str, local_rank: int) -> tuple[str, torch.device]:
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    backend = requested if requested != "auto" else ("nccl" if cuda else "gloo")
-    if backend == "nccl":
-        if not cuda:
-            raise RuntimeError("--backend nccl needs CUDA devices; none is visible")
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+def _placement(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
+    """This worker's backend and compute device, by the launcher's rule (under the launcher,
+    `config` already holds what it resolved); the note, where there is one, is printed once
+    per machine: by the launcher, else by local rank 0."""
+    local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    placement = place(config.backend, config.device, gpus=visible_gpus(),
+                      local_workers=local_workers, local_rank=local_rank)
+    if (placement.note and local_rank == 0 and not config.quiet
+            and ENV_STORE_PORT not in os.environ):
+        print(f"hetsync: note: {placement.note}", file=sys.stderr)
+    device = torch.device(placement.device)
+    if device.type == "cuda":
         torch.cuda.set_device(device)
-        return backend, device
-    return backend, torch.device("cpu")
+    return placement.backend, device
 
 
 def _install_failure_reporting(runtime: Runtime) -> None:

@@ -170,6 +170,21 @@ register_workload(
 )
 register_workload(
     Workload(
+        name="resnet-wide",
+        description="full-width ResNet-18 (width 64, 11M parameters) on Fashion-MNIST padded "
+        "to 32x32: enough compute per step to keep a GPU busy",
+        load=_pad_to_32(load_fashion_mnist),
+        build_model=lambda: narrow_resnet18(width=64),
+        loss=F.cross_entropy,
+        correct=_argmax_correct,
+        batch_size=128,
+        lr=0.05,
+        momentum=0.9,
+        target_loss=0.4,
+    )
+)
+register_workload(
+    Workload(
         name="digits",
         description="small CNN on scikit-learn's 8x8 digits (1497 train / 300 test images)",
         load=load_digits,

@@ -19,7 +19,7 @@ from hetsync.transport.preduce import make_preducer
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    hetsync.init(protocol="prague", hang_timeout=20.0)
+    hetsync.init(protocol="prague", hang_timeout=20.0, device="cpu")
     yield
     hetsync.shutdown()
 

@@ -27,7 +27,7 @@ SCRIPTS = Path(__file__).parents[1] / "scripts"
 def _launch(script: str, out: Path, **options: object) -> None:
     out.mkdir()
     run(RunConfig(script=[str(SCRIPTS / script), str(out)], out=out, quiet=True,
-                  hang_timeout=20.0, **options))
+                  hang_timeout=20.0, device="cpu", **options))
 
 
 def _mean(values: list[float]) -> float:
@@ -210,7 +210,7 @@ def test_a_resumed_run_starts_every_worker_from_the_servers_saved_model(tmp_path
     for phase in ("save", "resume"):
         run(RunConfig(script=[str(SCRIPTS / "ps_resume.py"), str(files), phase], workers=2,
                       protocol="ps", ps_mode="async", max_iterations=12, out=tmp_path / phase,
-                      quiet=True, hang_timeout=20.0))
+                      quiet=True, hang_timeout=20.0, device="cpu"))
     server = torch.load(files / "ckpt_rank0.pt", weights_only=False)
     server = server["optimizer"]["hetsync"]["protocol"]["server"]
     expected = torch.cat([*(p.reshape(-1) for p in server["params"]), server["buffers"]])
