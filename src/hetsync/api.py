@@ -38,6 +38,7 @@ from hetsync.metrics.script_evaluation import (
     stop_at_target,
 )
 from hetsync.metrics.summary import summarize, write_summary
+from hetsync.metrics.thread_cpu import ThreadCpu
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
 from hetsync.protocols import Protocol, Step, get_protocol
 from hetsync.slowdown import pacing
@@ -101,6 +102,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._next_stop_poll = 0.0
         run_dir = self.runtime.run_dir
         self._log = IterationLog(run_dir, self.runtime.rank) if run_dir else None
+        self._thread_cpu = ThreadCpu() if run_dir else None
         self._snapshots = (
             Snapshotter(run_dir, self.runtime.rank, config.eval_every) if run_dir else None
         )
@@ -360,19 +362,21 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self.protocol.network is not None:
             step.network_s += self.protocol.network.take_background()
         if self._log is not None:
-            self._log.append(
-                {
-                    "t": round(elapsed, 4),
-                    "iteration": self.iteration,
-                    "loss": loss,
-                    "compute_s": round(step.compute_s, 6),
-                    "injected_delay_s": round(step.injected_delay_s, 6),
-                    "sync_wait_s": round(step.sync_wait_s, 6),
-                    "network_s": round(step.network_s, 6),
-                    "bytes_sent": step.bytes_sent,
-                    **step.extra,
-                }
-            )
+            row = {
+                "t": round(elapsed, 4),
+                "iteration": self.iteration,
+                "loss": loss,
+                "compute_s": round(step.compute_s, 6),
+                "injected_delay_s": round(step.injected_delay_s, 6),
+                "sync_wait_s": round(step.sync_wait_s, 6),
+                "network_s": round(step.network_s, 6),
+                "bytes_sent": step.bytes_sent,
+                **step.extra,
+            }
+            cpu = self._thread_cpu.sample(force=step.stop) if self._thread_cpu else None
+            if cpu is not None:
+                row["cpu_s"] = cpu
+            self._log.append(row)
         if self._snapshots is not None and self._periodic_snapshots:
             self._snapshots.maybe_snapshot(self._raw_model, elapsed, self.iteration)
         self._heartbeat("compute")

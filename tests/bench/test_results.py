@@ -6,10 +6,11 @@ the reduction alone; test_command.py checks it on real runs."""
 from __future__ import annotations
 
 import json
+from types import MappingProxyType
 
 import pytest
 
-from hetsync.bench.markdown import format_speedup, headline_lines, setting_table
+from hetsync.bench.markdown import format_speedup, headline_lines, real_table, setting_table
 from hetsync.bench.results import collect, speedup
 from hetsync.bench.runner import FAILED_FILE, BenchOptions, plan
 from hetsync.bench.suites import Setting, Suite, Variant
@@ -119,3 +120,40 @@ def test_speedup_cases(base, row, expected):
     def as_row(pair):
         return {"time_to_target_s": pair[0], "time_to_target_above_s": pair[1]}
     assert speedup(as_row(base), as_row(row)) == expected
+
+
+SOLO = (Variant.of("solo", protocol="allreduce"),)
+REAL = Suite(
+    "real-test", "real compute against one worker alone",
+    (Setting("solo", workers=1, variants=SOLO, step_time=0.0, reference=True),
+     Setting("solo at share", "cpu:ranks=0,share=0.25", workers=1, variants=SOLO,
+             step_time=0.0, reference=True),
+     Setting("homogeneous", step_time=0.0),
+     Setting("slow", "cpu:ranks=1,share=0.25", step_time=0.0)),
+    (Variant.of("allreduce", protocol="allreduce"), Variant.of("adpsgd", protocol="adpsgd")),
+    real=True, run_options=MappingProxyType({"pin": True}),
+)
+
+
+def test_a_real_suite_takes_its_ideal_and_compute_inflation_from_one_worker_alone(tmp_path):
+    options = BenchOptions(suite="real-test", workers=4)
+    runs = plan(REAL, options, tmp_path)
+    assert all(run.config.step_time == 0 and run.config.pin for run in runs)
+
+    def real(samples: float, compute_ms: float) -> dict:
+        return {**summary(None, samples), "ideal_samples_per_s": None, "ideal_fraction": None,
+                "compute_ms_median": compute_ms, "iterations": [10, 10, 9, 11]}
+
+    write(runs, {("solo", "solo"): [real(600, 52)], ("solo at share", "solo"): [real(150, 210)],
+                 ("homogeneous", "allreduce"): [real(1560, 65)],
+                 ("homogeneous", "adpsgd"): [real(2232, 51)],
+                 ("slow", "allreduce"): [real(500, 60)], ("slow", "adpsgd"): [real(1600, 55)]})
+    results = collect(REAL, options, runs, tmp_path)
+    homogeneous, slow = rows(results, "homogeneous"), rows(results, "slow")
+    assert homogeneous["adpsgd"]["ideal_samples_per_s"] == 2400  # 4 x 600
+    assert homogeneous["adpsgd"]["ideal_fraction"] == 0.93
+    assert homogeneous["allreduce"]["compute_inflation"] == 1.25  # 65 / 52
+    assert slow["adpsgd"]["ideal_samples_per_s"] == 1950  # 3 x 600 + 150
+    assert [h["setting"] for h in results["headline"]] == ["homogeneous", "slow"]
+    table = real_table(results["settings"][2])
+    assert "| adpsgd | not reached (> 60) | 2232 | 93.0% | 51 | 0.98x | 9 / 10 / 11 |" in table

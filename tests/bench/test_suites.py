@@ -18,6 +18,7 @@ from hetsync.bench.suites import (
 )
 from hetsync.errors import ConfigError
 from hetsync.protocols import available_protocols
+from hetsync.workloads import get_workload
 
 
 @pytest.mark.parametrize("name", [n for n in SUITES if n != "gpu"])  # gpu: its own tests
@@ -87,6 +88,13 @@ def test_describe_suites_counts_runs():
     assert lines["headline"] == ["12", "runs"]
     assert lines["everything"] == [str(8 * len(EVERY_PROTOCOL)), "runs"]
     assert lines["regimes-small"] == ["24", "runs"]
+
+
+def test_every_workload_a_suite_names_exists():
+    for suite in SUITES.values():
+        for setting in suite.settings:
+            if setting.workload is not None:
+                get_workload(setting.workload)
 
 
 def test_the_gpu_suite_is_every_protocol_family_against_ddp_on_real_compute():

@@ -13,7 +13,7 @@ from hetsync.bench.scaling import scaling_lines
 from hetsync.bench.suites import PAPER_PRAGUES, PAPER_RATIOS
 from hetsync.report import write_report
 from hetsync.report.plots import slug
-from hetsync.report.table import MISSING, percent, sig
+from hetsync.report.table import MISSING, iteration_spread, percent, sig, thread_cpu
 from hetsync.simulator.run import TIME_TO_ITERATION
 
 __all__ = ["format_speedup", "headline_lines", "setting_table", "write_markdown"]
@@ -54,6 +54,26 @@ def setting_table(setting: dict[str, Any]) -> str:
             format_speedup(row["speedup_vs_ddp"]), sig(row["samples_per_s"]),
             _ratio(row["throughput_vs_allreduce"]), percent(row["ideal_fraction"]),
             percent(row["final_accuracy"]), percent(row["sync_wait_fraction"]),
+        ))
+    return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+_REAL_COLUMNS = ("protocol", "time to target (s)", "samples/s", "of ideal", "compute step (ms)",
+                 "compute inflation", "iterations (min / median / max)",
+                 "CPU ms per iteration, by thread", "final accuracy", "sync wait")
+
+
+def real_table(setting: dict[str, Any]) -> str:
+    """A real suite's table: against one worker alone (the ideal, the compute step), and where
+    each worker's CPU went."""
+    lines = [_REAL_COLUMNS, ("---",) * len(_REAL_COLUMNS)]
+    for row in setting["results"]:
+        lines.append((
+            row["label"], _time(row), sig(row["samples_per_s"]),
+            percent(row.get("ideal_fraction")), sig(row["compute_ms_median"]),
+            _ratio(row.get("compute_inflation")), iteration_spread(row["iterations"]),
+            thread_cpu(row["thread_cpu_ms_per_iteration"]), percent(row["final_accuracy"]),
+            percent(row["sync_wait_fraction"]),
         ))
     return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
 
@@ -178,7 +198,10 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
         f"shown), {results['runs_done']} of {results['runs_total']} runs done. Speed-ups are "
         "ratios of time to target; \"≥\" marks a bound where the baseline never reached the "
         "target in its run; \"of ideal\" is the throughput over the sum of the workers' own "
-        "speeds.\n",
+        "speeds" + (", each measured alone (the `solo` runs, pinned the same way); \"compute "
+                    "inflation\" is the median compute step over the solo one's. Real "
+                    "compute and real CPU quotas: nothing emulated" if results.get("real")
+                    else "") + ".\n",
         *(["Simulated (`hetsync simulate`, docs/simulator.md): times are simulated seconds, "
            "compute is the step time x slowdown, every message is charged by the network "
            "model (the machine's loopback where no network is emulated), and the protocols' "
@@ -199,6 +222,15 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
         emulated = (f" Emulated network `{network}`, messages charged as a "
                     f"`{setting.get('payload', 'none')}` model (times from the declared size, "
                     "loss from the workload's real model)." if network != "none" else "")
+        if results.get("real"):
+            sections += [
+                f"## {setting['name']}\n",
+                f"{setting['workers']} worker(s) pinned to cores of their own, real compute "
+                f"(no emulated step), slowdown `{setting['slowdown']}` (a real CPU quota).\n",
+                real_table(setting),
+                *([] if setting["reference"] else _run_figures(setting, runs, out)),
+            ]
+            continue
         sections += [
             f"## {setting['name']}\n",
             f"{setting['workers']} workers, {_compute(setting.get('step_time'), o)}, slowdown "

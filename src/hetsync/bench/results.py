@@ -18,12 +18,13 @@ from typing import Any
 from hetsync.bench.runner import FAILED_FILE, BenchOptions, PlannedRun
 from hetsync.bench.suites import Setting, Suite, Variant
 from hetsync.metrics import strict_json
+from hetsync.slowdown import parse_slowdown
 
 __all__ = ["BASELINES", "collect", "headline", "speedup", "write_results"]
 
 BASELINES = ("allreduce", "ddp")
 _MEDIANS = ("samples_per_s", "ideal_samples_per_s", "ideal_fraction", "final_accuracy",
-            "final_loss", "sync_wait_fraction", "wall_time_s")
+            "final_loss", "sync_wait_fraction", "wall_time_s", "compute_ms_median")
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -56,6 +57,11 @@ def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str,
     for key in _MEDIANS:
         row[key] = _median([s.get(key) for s in summaries])
     row["target_loss"] = summaries[0]["target_loss"] if summaries else None
+    # Shown as measured in the first repeat: how even the workers' iterations were (a starved
+    # worker shows here), and what each thread cost.
+    row["iterations"] = summaries[0].get("iterations") if summaries else None
+    row["thread_cpu_ms_per_iteration"] = (summaries[0].get("thread_cpu_ms_per_iteration")
+                                          if summaries else None)
     row["time_to_iteration_s"] = _median([(s.get("time_to_iteration_s") or {}).get("median_s")
                                           for s in summaries])  # simulated runs only
     return row
@@ -93,6 +99,8 @@ def collect_setting(setting: Setting, suite: Suite, runs: list[PlannedRun],
     first = runs[0].config if runs else None
     return {
         "name": setting.name,
+        "workload": first.workload if first else setting.workload,
+        "reference": setting.reference,
         "step_time": first.step_time if first else setting.step_time,
         "slowdown": setting.slowdown,
         "network": first.network if first else setting.network,
@@ -122,19 +130,45 @@ def headline(setting: dict[str, Any]) -> dict[str, Any] | None:
             **{f"throughput_vs_{b}": best[f"throughput_vs_{b}"] for b in BASELINES}}
 
 
+def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
+    """A real suite's ideal, from its reference runs: each worker computing alone, so n times
+    one worker's throughput alone, with a worker at a CPU share counted at its own measured
+    alone at that share; and each row's compute inflation, its median compute step over one
+    worker's alone. Set in place on the rows of the non-reference settings."""
+    alone = {(s.workload, s.slowdown != "none"): out["results"][0]
+             for s, out in zip(suite.settings, settings, strict=True) if s.reference}
+    for setting, out in zip(suite.settings, settings, strict=True):
+        if setting.reference:
+            continue
+        solo, slow = alone.get((setting.workload, False)), alone.get((setting.workload, True))
+        slowed = len(parse_slowdown(setting.slowdown).ranks)
+        rates = [solo and solo["samples_per_s"], slow and slow["samples_per_s"]]
+        ideal = ((out["workers"] - slowed) * rates[0] + slowed * (rates[1] or 0)
+                 if rates[0] and (rates[1] or not slowed) else None)
+        for row in out["results"]:
+            row["ideal_samples_per_s"] = round(ideal, 2) if ideal else None
+            row["ideal_fraction"] = _ratio(row["samples_per_s"], ideal)
+            row["compute_inflation"] = _ratio(row["compute_ms_median"],
+                                              solo and solo["compute_ms_median"])
+
+
 def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],
             root: Path) -> dict[str, Any]:
     settings = [collect_setting(s, suite, [r for r in runs if r.setting == s], root)
                 for s in suite.settings]
+    if suite.real:
+        real_ideals(suite, settings)
     return {
         "suite": suite.name,
         "description": suite.description,
         "options": asdict(options),
         "max_time_s": runs[0].config.max_time if runs else None,
         "simulated": options.simulate or suite.simulated,
+        "real": suite.real,
         "runs_done": sum(r.done for r in runs),
         "runs_total": len(runs),
-        "headline": [h for h in map(headline, settings) if h is not None],
+        "headline": [h for h in map(headline, (s for s in settings if not s["reference"]))
+                     if h is not None],
         "settings": settings,
     }
 

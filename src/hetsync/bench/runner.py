@@ -100,7 +100,7 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
         for variant in suite.variants_of(setting):
             for repeat in range(options.repeats):
                 config = RunConfig(**{
-                    "workload": options.workload,
+                    "workload": setting.workload or options.workload,
                     "workers": setting.workers or options.workers,
                     "step_time": options.step_time if setting.step_time is None
                     else setting.step_time,
@@ -108,8 +108,9 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "network": options.network or setting.network,
                     "payload": options.payload or setting.payload,
                     "max_time": options.max_time or suite.max_time,
-                    "eval_every": eval_every(options.workload),
-                    "target_loss": options.target_loss or suite.target_loss.get(options.workload),
+                    "eval_every": eval_every(setting.workload or options.workload),
+                    "target_loss": options.target_loss or suite.target_loss.get(
+                        setting.workload or options.workload),
                     "seed": options.seed + repeat,
                     "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",
                     "label": variant.label,

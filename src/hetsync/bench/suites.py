@@ -51,6 +51,10 @@ class Setting:
     """Emulated compute per iteration (ms); None: the bench's --step-time."""
     regime: tuple[str, ...] = ()
     """Regime suites: (payload, network, heterogeneity, workers), the cell of the regime map."""
+    workload: str | None = None
+    """None: the bench's --workload."""
+    reference: bool = False
+    """Real suites: one worker alone (the ideal's measure), not a protocol comparison."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,9 @@ class Suite:
     """Seconds per run unless --max-time says otherwise."""
     simulated: bool = False
     """Too large for real runs: always run in the simulator (simulated seconds)."""
+    real: bool = False
+    """Real compute on pinned workers against one worker alone: the ideal and the compute
+    inflation come from the suite's reference settings (`Setting.reference`)."""
     workload: str | None = None
     """The workload the suite was made for, unless --workload says otherwise; None: cnn."""
     run_options: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
@@ -219,6 +226,62 @@ PAPER_RATIOS = (("paper · homogeneous", "allreduce", 1.2), ("paper · one 5x sl
                 5.3))
 
 
+#: Real suites: the reference variant, one worker alone (a world of one averages nothing).
+SOLO = Variant.of("solo", "one worker alone, pinned as the others: the ideal's unit",
+                  protocol="allreduce")
+#: A straggler by real CPU contention: the kernel gives it a quarter of a core.
+SHARE = 0.25
+#: Real suites' workloads: a small real compute (ResNet-18 of width 8, 0.7 MB a message) and a
+#: real payload (full-width ResNet-18, 45 MB a message).
+REAL_WORKLOADS = ("resnet", "resnet-wide")
+
+
+def _real(workers: int, slow_rank: int) -> tuple[Setting, ...]:
+    """Per workload: one worker alone, one alone at the straggler's share (the ideal's two
+    units), then every protocol homogeneous and with `slow_rank` at that share."""
+    settings = []
+    for workload in REAL_WORKLOADS:
+        settings += [
+            Setting(f"solo · {workload}", workers=1, variants=(SOLO,), workload=workload,
+                    step_time=0.0, reference=True),
+            Setting(f"solo at share {SHARE:g} · {workload}", f"cpu:ranks=0,share={SHARE:g}",
+                    workers=1, variants=(SOLO,), workload=workload, step_time=0.0,
+                    reference=True),
+            Setting(f"homogeneous · {workload}", workers=workers, workload=workload,
+                    step_time=0.0),
+            Setting(f"rank {slow_rank} at share {SHARE:g} · {workload}",
+                    f"cpu:ranks={slow_rank},share={SHARE:g}", workers=workers,
+                    workload=workload, step_time=0.0),
+        ]
+    return tuple(settings)
+
+
+#: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs.
+_PAIRS = (
+    Variant.of("prague", OVERLAPPED.format("ready pairs"), protocol="prague", group_size=2),
+    Variant.of("prague-paper", "the Prague paper's loop with pairs: random groups, Group "
+               "Buffer, P-Reduce between steps", **PRAGUE_RANDOM, group_size=2,
+               group_buffer=True, overlap=False),
+)
+REAL = Suite(
+    "real", "real compute, 8 pinned workers (a 16-core machine): every protocol homogeneous and "
+    f"with rank 3 at a {SHARE:g} CPU share, against one worker alone",
+    _real(8, 3),
+    _pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop-skip", "prague",
+          "prague-paper"),
+    target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=35.0, real=True,
+    run_options=MappingProxyType({"pin": True}),
+)
+REAL_SMALL = Suite(
+    "real-small", "real compute, 2 pinned workers (a 2-core machine): every protocol "
+    f"homogeneous and with rank 1 at a {SHARE:g} CPU share, against one worker alone",
+    _real(2, 1),
+    (*_pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop"), *_PAIRS),
+    target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=30.0, real=True,
+    run_options=MappingProxyType({"pin": True}),
+)
+
+
 def one_slow_per_16(workers: int) -> str:
     """One worker in every 16 five times slower (ranks 3, 19, 35, ...)."""
     return f"deterministic:ranks={'+'.join(map(str, range(3, workers, 16)))},factor=5"
@@ -263,14 +326,16 @@ GPU = Suite(
     max_time=120.0, workload="resnet-wide", run_options=MappingProxyType({"device": "cuda"}),
 )
 SUITES = {suite.name: suite for suite in
-          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM, GPU]}
+          [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM, GPU,
+           REAL, REAL_SMALL]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
 #: target (docs/benchmarks.md, "Resolution"), at most 5% of the shortest times measured (svm
 #: 4 s, cnn 7 s in `smoke`). A cnn snapshot costs a worker 1-2.6 ms, hence its longer period;
-#: a resnet-wide one is 45 MB copied off the GPU and written (not measured yet), hence 2 s.
-EVAL_EVERY = {"cnn": 0.25, "resnet-wide": 2.0}
+#: a ResNet evaluation takes the launcher seconds of real CPU (resnet-wide's also copies 45 MB
+#: off the GPU), which real compute's workers feel: rarer evaluations, a coarser time to target.
+EVAL_EVERY = {"cnn": 0.25, "resnet": 2.0, "resnet-wide": 2.0}
 DEFAULT_EVAL_EVERY = 0.1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,8 @@ from hetsync.config import RunConfig
 from hetsync.metrics import strict_json
 from hetsync.metrics.atomic import write_text
 
-__all__ = ["read_jsonl", "summarize", "summarize_rows", "time_to_target", "write_summary"]
+__all__ = ["read_jsonl", "summarize", "summarize_rows", "thread_cpu_per_iteration",
+           "time_to_target", "write_summary"]
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -74,7 +76,9 @@ def summarize_rows(workers: list[list[dict[str, Any]]], evals: list[dict[str, An
         "final_accuracy": measured["accuracy"] if measured else None,
         "final_consensus_distance": final.get("consensus_distance") if final else None,
         "sync_wait_fraction": round(sync_wait / busy, 4) if busy > 0 else 0.0,
+        "compute_ms_median": _compute_ms_median(workers),
         "dropped_gradients": int(sum(dropped)) if dropped else None,
+        "thread_cpu_ms_per_iteration": thread_cpu_per_iteration(workers),
         "stop_reason": stop_reason,
     }
 
@@ -114,6 +118,28 @@ def ideal_samples_per_s(config: RunConfig) -> float | None:
     step_s = config.step_time / 1000.0
     speeds = [config.batch_size / (step_s * spec.mean_factor(r)) for r in range(config.workers)]
     return round(sum(speeds), 2)
+
+
+def thread_cpu_per_iteration(workers: list[list[dict[str, Any]]]) -> dict[str, float] | None:
+    """CPU milliseconds per iteration by thread role (the rows' `cpu_s` samples summed over
+    the workers, over all their iterations): what each of a protocol's threads costs. None
+    where no row carries a sample (the simulator, a run too short for one)."""
+    spent: dict[str, float] = {}
+    for rows in workers:
+        for row in rows:
+            for role, seconds in (row.get("cpu_s") or {}).items():
+                spent[role] = spent.get(role, 0.0) + seconds
+    iterations = sum(rows[-1]["iteration"] - rows[0]["iteration"] + 1 for rows in workers if rows)
+    if not spent or not iterations:
+        return None
+    return {role: round(1000 * s / iterations, 3) for role, s in sorted(spent.items())}
+
+
+def _compute_ms_median(workers: list[list[dict[str, Any]]]) -> float | None:
+    """The median compute step over every worker's rows, in ms: with real compute, against
+    one worker's alone, how much a protocol's own threads slow the training thread down."""
+    steps = [row["compute_s"] for rows in workers for row in rows if "compute_s" in row]
+    return round(1000 * statistics.median(steps), 3) if steps else None
 
 
 def _last_train_loss(workers: list[list[dict[str, Any]]]) -> float | None:

@@ -52,6 +52,13 @@ def iteration_spread(iterations: list[int] | None) -> str:
     return f"{min(iterations)} / {statistics.median(iterations):g} / {max(iterations)}"
 
 
+def thread_cpu(per_thread: dict[str, float] | None) -> str:
+    """"training 52, hop-updates 4.1, other 9.3": each thread role's CPU ms per iteration."""
+    if not per_thread:
+        return MISSING
+    return ", ".join(f"{role} {sig(ms)}" for role, ms in per_thread.items())
+
+
 def time_to_target(x: float | None) -> str:
     return "not reached" if x is None else seconds(x)
 
@@ -75,6 +82,7 @@ _COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("final consensus distance", lambda s: sig(s.get("final_consensus_distance"))),
     ("sync wait (%)", lambda s: percent(s.get("sync_wait_fraction"))),
     ("iterations (min / median / max)", lambda s: iteration_spread(s.get("iterations"))),
+    ("CPU ms per iteration, by thread", lambda s: thread_cpu(s.get("thread_cpu_ms_per_iteration"))),
 ]
 
 
