@@ -76,11 +76,6 @@ class Runtime:
     """The wire, per kind of traffic (hetsync.transport.links): every message goes through
     one of them. The default is a gloo run's (tests that build a Runtime by hand)."""
 
-    @property
-    def host(self) -> torch.device:
-        """The device of buffers sent over `host_group`."""
-        return self.links.host.device
-
     def elapsed(self) -> float:
         return time.time() - self.t0
 
