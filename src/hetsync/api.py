@@ -83,8 +83,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             )
         self.runtime = runtime or current_runtime()
         config = self.runtime.config
-        if self.runtime.world_size > 1:
-            broadcast_model(model)  # every worker starts from rank 0's model
+        if self.runtime.world_size > 1:  # every worker starts from rank 0's model
+            broadcast_model(model, self.runtime.links.direct)
         self.optimizer = optimizer
         protocol_class = get_protocol(protocol or config.protocol)
         self.protocol: Protocol = protocol_class(self.runtime, model, optimizer)
@@ -256,7 +256,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             )
         model = copy.deepcopy(self._raw_model)
         if self.runtime.world_size > 1:
-            average_model(model, self.runtime.backend)
+            average_model(model, self.runtime.links.direct)
         return model
 
     def __enter__(self) -> SyncOptimizer:

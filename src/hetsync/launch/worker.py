@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import hetsync
@@ -115,7 +114,7 @@ def run_under_torchrun(config: RunConfig) -> None:
         out = runtime.run_dir  # `out`, or the directory rank 0 named for every rank
         assert out is not None
         if runtime.world_size > 1:
-            dist.barrier()
+            runtime.links.direct.barrier()
         if runtime.rank == 0:
             config = runtime.config  # its `workers` is torchrun's world size
             (out / "config.json").write_text(config.to_json() + "\n")

@@ -1,7 +1,9 @@
 """One flat buffer per synchronisation: a single collective instead of one per tensor.
 
 The last element of a gradient buffer carries this worker's stop vote, so that all workers
-agree to stop at the same iteration without an extra collective.
+agree to stop at the same iteration without an extra collective. Buffers that travel are
+packed by their link (hetsync.transport.links), which puts them on its wire device; the
+helpers here work on one device.
 """
 
 from __future__ import annotations
@@ -12,36 +14,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.transport.links import Link
+
 __all__ = [
     "BufferDrift",
     "average_model",
     "broadcast_model",
     "flatten",
-    "flatten_with_vote",
     "model_tensors",
     "ring_allreduce_bytes",
     "unflatten_into",
-    "wire_device",
 ]
 
 
-def flatten(
-    tensors: Sequence[torch.Tensor], *extra: float, device: torch.device | None = None
-) -> torch.Tensor:
-    """A new 1-D buffer: the tensors' values (detached), then the `extra` scalars in the
-    tensors' dtype, on `device` (default: the tensors'), which stages a model on a GPU through
-    host memory for a gloo transport. The extras round as the dtype does (bf16 holds integers
-    exactly only up to 256): fit for a stop vote a collective sums over at most 256 workers;
-    a header (a tag, a version, a time) goes in `hetsync.transport.header.Frame` instead."""
+def flatten(tensors: Sequence[torch.Tensor], *extra: float) -> torch.Tensor:
+    """A new 1-D buffer on the tensors' device: their values (detached), then the `extra`
+    scalars in the first one's dtype (`Link.flat` makes one on a link's wire)."""
     first = tensors[0]
-    device = first.device if device is None else device
-    tail = torch.tensor(extra, dtype=first.dtype, device=device)
-    return torch.cat([t.detach().reshape(-1).to(device) for t in tensors] + [tail])
-
-
-def flatten_with_vote(tensors: Sequence[torch.Tensor], vote: bool) -> torch.Tensor:
-    """Concatenate `tensors` and a trailing 1.0 (stop) or 0.0 (go on) into a new buffer."""
-    return flatten(tensors, 1.0 if vote else 0.0)
+    tail = torch.tensor(extra, dtype=first.dtype, device=first.device)
+    return torch.cat([t.detach().reshape(-1) for t in tensors] + [tail])
 
 
 def unflatten_into(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
@@ -65,26 +56,20 @@ def model_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [t for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
 
 
-def wire_device(backend: str, device: torch.device) -> torch.device:
-    """Where a buffer must be for `backend` to send it: NCCL sends device memory, gloo host
-    memory (on a CPU-only run the staging copy is a no-op, so that path runs the same code)."""
-    return device if backend == "nccl" else torch.device("cpu")
-
-
-def average_model(model: nn.Module, backend: str) -> None:
-    """Set `model`'s floating parameters and buffers to their average over all workers."""
+def average_model(model: nn.Module, link: Link) -> None:
+    """Set `model`'s floating parameters and buffers to their average over all workers
+    (`link`: the runtime's direct one, which all-reduces on its wire device)."""
     tensors = model_tensors(model)
     if not tensors:
         return
     with torch.no_grad():
-        flat = flatten(tensors)
-        wire = flat.to(wire_device(backend, flat.device))
-        dist.all_reduce(wire)
-        wire.div_(dist.get_world_size())
-        unflatten_into(wire.to(flat.device), tensors)
+        flat = link.flat(tensors)
+        link.all_reduce(flat)
+        flat.div_(dist.get_world_size(link.group))
+        link.unpack_into(flat, tensors)
     # Leave together: a rank that exits (tearing down its gloo pairs) while a peer still
     # finishes its part of the all-reduce can make that peer abort (seen once in CI).
-    dist.barrier()
+    link.barrier()
 
 
 class BufferDrift:
@@ -111,12 +96,12 @@ class BufferDrift:
         return average
 
 
-def broadcast_model(model: nn.Module, src: int = 0) -> None:
+def broadcast_model(model: nn.Module, link: Link, src: int = 0) -> None:
     """Give every worker `src`'s floating-point parameters and buffers (one broadcast)."""
     tensors = model_tensors(model)
     if not tensors:
         return
     with torch.no_grad():
-        flat = flatten(tensors)
-        dist.broadcast(flat, src)
-        unflatten_into(flat, tensors)
+        flat = link.flat(tensors)
+        link.broadcast(flat, src)
+        link.unpack_into(flat, tensors)

@@ -64,17 +64,21 @@ class Frame:
              device: torch.device | str | None = None) -> torch.Tensor:
         """A new message: `header` (exactly `words` integers), then `tensors`' values
         (detached) on `device` (default: the first tensor's, else the CPU)."""
-        if len(header) != self.words:
-            raise ValueError(f"a header of {self.words} words, not {len(header)}: {header!r}")
         if device is None:
             device = tensors[0].device if tensors else "cpu"
         message = self.empty(device)
-        message[: self.words * _WORD].view(torch.int64).copy_(
-            torch.tensor(list(header), dtype=torch.int64))
+        self.write_header(message, header)
         if self.numel:
             torch.cat([t.detach().reshape(-1).to(device, self.dtype) for t in tensors],
                       out=self.payload(message))
         return message
+
+    def write_header(self, message: torch.Tensor, header: Sequence[int]) -> None:
+        """Write `header` (exactly `words` integers) at the start of `message`."""
+        if len(header) != self.words:
+            raise ValueError(f"a header of {self.words} words, not {len(header)}: {header!r}")
+        message[: self.words * _WORD].view(torch.int64).copy_(
+            torch.tensor(list(header), dtype=torch.int64))
 
     def header(self, message: torch.Tensor) -> tuple[int, ...]:
         """The header words of `message`, as Python integers."""

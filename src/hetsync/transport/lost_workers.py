@@ -8,7 +8,7 @@ store (hetsync.launch.monitor). A worker's protocol learns of them here, two way
   (a Hop worker stops waiting for its updates, the Group Generator stops grouping it, ...);
 - `confirm(rank)`: a transfer with `rank` failed; wait until the launcher says whether it
   is lost (then the protocol goes on without it) or not (then the error is real);
-- `receive_any(...)`: a receive from any source, which a peer dying in the middle of its
+- `retrying(receive)`: a receive from any source, which a peer dying in the middle of its
   message fails ("Connection reset by peer") while the other peers' messages still come.
 
 A peer's process can die before the launcher notices (its connections close at once), so a
@@ -29,7 +29,6 @@ import time
 import traceback
 from collections.abc import Callable
 
-import torch
 import torch.distributed as dist
 
 from hetsync.errors import is_follow_on
@@ -111,16 +110,16 @@ class LostWorkers:
                 raise error
             time.sleep(POLL_S)
 
-    def receive_any(self, buffer: torch.Tensor, tag: int,
-                    group: dist.ProcessGroup | None) -> int:
-        """`dist.recv(buffer, src=None, ...)`, tried again after a failure that a peer's death
-        explains: the launcher declares a rank lost within `confirm_timeout` (otherwise the
-        error is real and raised). A dead peer may fail several receives (one per operation
-        gloo had pending with it), so the bound is a few per peer, not one."""
+    def retrying(self, receive: Callable[[], int]) -> int:
+        """`receive()` (a receive from any source: `Link.recv_any`), tried again after a
+        failure that a peer's death explains: the launcher declares a rank lost within
+        `confirm_timeout` (otherwise the error is real and raised). A dead peer may fail
+        several receives (one per operation gloo had pending with it), so the bound is a few
+        per peer, not one."""
         failures = 0
         while True:
             try:
-                return dist.recv(buffer, src=None, tag=tag, group=group)
+                return receive()
             except RuntimeError as error:
                 failures += 1
                 if not is_follow_on(str(error)) or failures > RETRIES_PER_PEER * self.world_size:

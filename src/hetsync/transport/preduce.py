@@ -20,10 +20,13 @@ Measured with 8 workers on 2 cores: ``mesh`` is fastest for 2 members and ties w
 for 3-4; ``leader`` wins at 8 (mesh's k(k-1) transfers and k-fold sums); a cached ``subgroup``
 is 1.4-5x slower (its first use 3-8x) and ``ring`` 2-18x (each round is a scheduler wake-up).
 
-The p2p kinds use the default process group: messages are told apart by peer (disjoint groups
-share no peer; a worker's groups run in an order all members agree on) and a tag derived from
-the group, so that two workers that disagree on the group time out instead of mixing buffers.
-Every member sums in the same order, so the members end with bit-identical buffers.
+Every kind sends through a link (hetsync.transport.links): the p2p kinds on its process group
+(the runtime's direct link: the default group, on the GPU under NCCL), whose device the flat
+buffer must be on; ``subgroup`` through links of its own, gloo on host memory. Messages are
+told apart by peer (disjoint groups share no peer; a worker's groups run in an order all
+members agree on) and a tag derived from the group, so that two workers that disagree on the
+group time out instead of mixing buffers. Every member sums in the same order, so the members
+end with bit-identical buffers.
 
 Why ``subgroup`` does not call `dist.new_group(ranks, use_local_synchronization=True)`: torch
 2.13 names that group sha1(ranks, number of groups this process holds), so two members with
@@ -53,6 +56,7 @@ from hetsync.errors import ConfigError
 from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.model import Message
 from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce
+from hetsync.transport.links import Link
 
 __all__ = ["KINDS", "PReducer", "make_preducer"]
 
@@ -65,9 +69,10 @@ _CREATED: Counter[Group] = Counter()  # subgroups made per member set, over all 
 class PReducer:
     """Averages a flat buffer over a group of ranks; a 1-member group is a local no-op."""
 
-    def __init__(self, rank: int, world: int) -> None:
+    def __init__(self, rank: int, world: int, link: Link) -> None:
         self.rank = rank
         self.world = world
+        self.link = link
 
     def average(self, flat: torch.Tensor, group: Group) -> None:
         """Replace `flat` (1-D, contiguous, same size on all members) by the members' mean.
@@ -106,11 +111,6 @@ def _tag(group: Group) -> int:
     return _TAG_BASE + zlib.crc32(",".join(map(str, group)).encode()) % _TAG_BASE
 
 
-def _run(ops: list[dist.P2POp]) -> None:
-    for work in dist.batch_isend_irecv(ops):
-        work.wait()  # gloo p2p works only complete in wait(): no polling
-
-
 class _Mesh(PReducer):
     """One round, (k-1) buffers out and in per member: the fewest scheduler wake-ups."""
 
@@ -119,12 +119,10 @@ class _Mesh(PReducer):
 
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
         parts, tag = flat.new_empty((len(group), flat.numel())), _tag(group)
-        ops = []
-        for peer, part in zip(group, parts, strict=True):
-            if peer != self.rank:
-                ops.append(dist.P2POp(dist.isend, flat, peer, tag=tag))
-                ops.append(dist.P2POp(dist.irecv, part, peer, tag=tag))
-        _run(ops)
+        peers = [(peer, part) for peer, part in zip(group, parts, strict=True)
+                 if peer != self.rank]
+        self.link.exchange([(flat, peer) for peer, _ in peers],
+                           [(part, peer) for peer, part in peers], tag)
         parts[group.index(self.rank)].copy_(flat)
         flat.copy_(parts[0])
         for part in parts[1:]:
@@ -142,8 +140,8 @@ class _Mesh(PReducer):
             if peer == self.rank:
                 continue
             try:
-                posted.append((peer, part, [dist.irecv(part, peer, tag=tag),
-                                            dist.isend(flat, peer, tag=tag)]))
+                posted.append((peer, part, [self.link.irecv(part, peer, tag=tag),
+                                            self.link.isend(flat, peer, tag=tag)]))
             except RuntimeError as error:
                 confirm(peer, error)
         for peer, part, works in posted:
@@ -171,12 +169,11 @@ class _Ring(PReducer):
         buf = flat.new_empty(chunks[0].numel())
         for s in range(k - 1):  # reduce-scatter: member me ends owning chunk me+1
             into = chunks[(me - s - 1) % k]
-            _run([dist.P2POp(dist.isend, chunks[(me - s) % k], nxt, tag=tag),
-                  dist.P2POp(dist.irecv, buf[: into.numel()], prv, tag=tag)])
+            self.link.exchange([(chunks[(me - s) % k], nxt)], [(buf[: into.numel()], prv)], tag)
             into.add_(buf[: into.numel()])
         for s in range(k - 1):  # all-gather the reduced chunks
-            _run([dist.P2POp(dist.isend, chunks[(me + 1 - s) % k], nxt, tag=tag),
-                  dist.P2POp(dist.irecv, chunks[(me - s) % k], prv, tag=tag)])
+            self.link.exchange([(chunks[(me + 1 - s) % k], nxt)], [(chunks[(me - s) % k], prv)],
+                               tag)
 
 
 class _Leader(PReducer):
@@ -188,25 +185,25 @@ class _Leader(PReducer):
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
         tag = _tag(group)
         if self.rank != group[0]:
-            dist.send(flat, group[0], tag=tag)
-            dist.recv(flat, group[0], tag=tag)
+            self.link.send(flat, group[0], tag=tag)
+            self.link.recv(flat, group[0], tag=tag)
             return
         parts = flat.new_empty((len(group) - 1, flat.numel()))
-        _run([dist.P2POp(dist.irecv, part, peer, tag=tag)
-              for peer, part in zip(group[1:], parts, strict=True)])
+        self.link.exchange([], list(zip(parts, group[1:], strict=True)), tag)
         for part in parts:
             flat.add_(part)
-        _run([dist.P2POp(dist.isend, flat, peer, tag=tag) for peer in group[1:]])
+        self.link.exchange([(flat, peer) for peer in group[1:]], [], tag)
 
 
 class _Auto(PReducer):
     """Per group size, the p2p kind the network model says is fastest (see the module doc)."""
 
-    def __init__(self, rank: int, world: int, network: NetworkEmulator | None) -> None:
-        super().__init__(rank, world)
+    def __init__(self, rank: int, world: int, link: Link,
+                 network: NetworkEmulator | None) -> None:
+        super().__init__(rank, world, link)
         self._network = network
-        self._kinds = {"mesh": _Mesh(rank, world), "ring": _Ring(rank, world),
-                       "leader": _Leader(rank, world)}
+        self._kinds = {"mesh": _Mesh(rank, world, link), "ring": _Ring(rank, world, link),
+                       "leader": _Leader(rank, world, link)}
         self._chosen: dict[tuple[int, float], PReducer] = {}
 
     def choose(self, k: int, nbytes: float) -> PReducer:
@@ -230,42 +227,54 @@ class _Auto(PReducer):
 
 
 class _Subgroup(PReducer):
-    """A cached gloo group per member set; first use costs the group's creation."""
+    """A cached gloo group per member set; first use costs the group's creation. Its links
+    are on host memory: a buffer on the GPU is staged through it."""
 
     def __init__(
-        self, rank: int, world: int, store: dist.Store, timeout: datetime.timedelta,
-        cache_size: int,
+        self, rank: int, world: int, link: Link, store: dist.Store,
+        timeout: datetime.timedelta, cache_size: int,
     ) -> None:
-        super().__init__(rank, world)
+        super().__init__(rank, world, link)
         self._store = store
         self._timeout = timeout
         self._cache_size = cache_size
-        self._cache: dict[Group, dist.ProcessGroupGloo] = {}
+        self._cache: dict[Group, Link] = {}
 
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
-        pg = self._cache.get(group)
-        if pg is None:
-            pg = self._create(group)
-        pg.allreduce([flat]).wait()
+        sub = self._cache.get(group)
+        if sub is None:
+            sub = self._create(group)
+        wire = sub.on_wire(flat)
+        sub.all_reduce(wire)
+        if wire is not flat:
+            sub.unpack_into(wire, [flat])
         if group not in self._cache:
-            threading.Thread(target=pg.shutdown, name="preduce-shutdown").start()
+            threading.Thread(target=_shutdown(sub), name="preduce-shutdown").start()
 
-    def _create(self, group: Group) -> dist.ProcessGroupGloo:
+    def _create(self, group: Group) -> Link:
         name = f"preduce/{'-'.join(map(str, group))}/{_CREATED[group]}/"
         _CREATED[group] += 1
         pg = dist.ProcessGroupGloo(
             dist.PrefixStore(name, self._store), group.index(self.rank), len(group), self._timeout
         )
+        sub = Link(f"P-Reduce subgroup {name}", pg, torch.device("cpu"))
         full = torch.tensor([float(len(self._cache) >= self._cache_size)])
-        pg.allreduce([full]).wait()
+        sub.all_reduce(full)
         if full.item() == 0:
-            self._cache[group] = pg
-        return pg
+            self._cache[group] = sub
+        return sub
 
     def close(self) -> None:
-        for pg in self._cache.values():
-            pg.shutdown()
+        for sub in self._cache.values():
+            _shutdown(sub)()
         self._cache.clear()
+
+
+def _shutdown(sub: Link) -> Callable[[], None]:
+    """Shut a subgroup link's gloo group down (20-30 ms: often in a thread)."""
+    group = sub.group
+    assert isinstance(group, dist.ProcessGroupGloo)
+    return group.shutdown
 
 
 def make_preducer(
@@ -277,20 +286,23 @@ def make_preducer(
     timeout: datetime.timedelta = datetime.timedelta(seconds=60),
     cache_size: int = 60,
     network: NetworkEmulator | None = None,
+    link: Link | None = None,
 ) -> PReducer:
     """The P-Reducer called `kind` (one of `KINDS`) for this rank.
 
     ``subgroup`` needs `store`, shared by all ranks (e.g. `Runtime.store`) for the groups'
     rendezvous; `timeout` bounds its waits and `cache_size` caps its cached groups (the
-    prototype used 60; each costs ~6 sockets and 3 threads). The p2p kinds use the default
-    process group and its timeout. ``auto`` chooses by `network`'s cost model."""
+    prototype used 60; each costs ~6 sockets and 3 threads). The p2p kinds send through
+    `link` (default: the default process group on host memory, gloo's) and its group's
+    timeout. ``auto`` chooses by `network`'s cost model."""
+    link = link if link is not None else Link.default()
     if kind == "auto":
-        return _Auto(rank, world, network)
+        return _Auto(rank, world, link, network)
     if kind == "subgroup":
         if store is None:
             raise ConfigError("P-Reduce 'subgroup' needs a store shared by all ranks")
-        return _Subgroup(rank, world, store, timeout, cache_size)
+        return _Subgroup(rank, world, link, store, timeout, cache_size)
     kinds: dict[str, type[PReducer]] = {"mesh": _Mesh, "ring": _Ring, "leader": _Leader}
     if kind not in kinds:
         raise ConfigError(f"unknown P-Reduce kind {kind!r} (known: {', '.join(KINDS)})")
-    return kinds[kind](rank, world)
+    return kinds[kind](rank, world, link)

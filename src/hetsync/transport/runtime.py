@@ -29,6 +29,7 @@ import torch.distributed as dist
 from hetsync.config import RunConfig, load_toml
 from hetsync.errors import ConfigError, is_follow_on
 from hetsync.faults import FaultPlan, MessageDelay, parse_faults
+from hetsync.transport.links import Links
 from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.placement import place, visible_gpus
 
@@ -73,11 +74,9 @@ class Runtime:
     """Under `--on-failure continue`, the workers lost from the run; None: a loss ends it."""
     message_delay: MessageDelay | None = None
     """`--fault delay-messages`: holds some of this worker's messages back."""
-
-    @property
-    def host(self) -> torch.device:
-        """The device of buffers sent over `host_group`."""
-        return torch.device("cpu")
+    links: Links = dataclasses.field(default_factory=Links)
+    """The wire, per kind of traffic (hetsync.transport.links): every message goes through
+    one of them. The default is a gloo run's (tests that build a Runtime by hand)."""
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -85,7 +84,7 @@ class Runtime:
     def start_clock(self) -> None:
         """Barrier, then every rank takes rank 0's clock as the origin of the time axis."""
         if self.world_size > 1:
-            dist.barrier()
+            self.links.direct.barrier()
         if self.rank == 0:
             self.store.set("t0", repr(time.time()))
         self.t0 = float(self.store.get("t0").decode())
@@ -132,13 +131,6 @@ class Runtime:
                 raise TimeoutError(f"rank {self.rank} waited {END_WAIT_S:g} s at the end of the "
                                    f"run for ranks {waiting} to finish")
             time.sleep(0.05)
-
-    def receive_any(self, buffer: torch.Tensor, tag: int,
-                    group: dist.ProcessGroup | None) -> int:
-        """A receive from any source (gloo): through `lost` where workers may be lost."""
-        if self.lost is None:
-            return dist.recv(buffer, src=None, tag=tag, group=group)
-        return self.lost.receive_any(buffer, tag, group)
 
     def log_path(self) -> Path | None:
         return self.run_dir / "logs" / f"rank{self.rank}.log" if self.run_dir else None
@@ -217,7 +209,7 @@ def init(**defaults: object) -> Runtime:
     _RUNTIME = Runtime(
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
         config=config, store=control, t0=time.time(), run_dir=run_dir, launched=launched,
-        host_group=host_group, lost=lost,
+        host_group=host_group, lost=lost, links=Links.of(backend, device, host_group, lost),
         message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
     _install_failure_reporting(_RUNTIME)

@@ -68,7 +68,7 @@ from hetsync.protocols.adpsgd.core import (
 from hetsync.protocols.adpsgd.core import Step as StepGranted
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import build
-from hetsync.transport.flat import BufferDrift, flatten, model_tensors, unflatten_into
+from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.runtime import Runtime
@@ -91,7 +91,7 @@ class ADPSGD(Protocol):
         self.tensors = model_tensors(model)
         self.frame = Frame.of(self.tensors, words=1)
         self.drift = BufferDrift(model)
-        self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
+        self.link = runtime.links.host  # any-source receives: gloo, on host memory
         neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
         self.core = ADPSGDCore(rank, neighbours, naive=config.adpsgd_mode == "naive",
                                rng=random.Random(f"adpsgd/{config.seed}/{rank}"))
@@ -170,12 +170,12 @@ class ADPSGD(Protocol):
         if partner is None:  # not active, or no partner
             return
         message = self._message(_AVERAGE)
-        reply = torch.empty_like(message)
+        reply = self.link.empty(self.frame)
         works: list[dist.Work] = []
         self.runtime.before_send()
         if not unless_lost(self.runtime.lost, partner, lambda: works.extend([
-                dist.isend(message, partner, tag=_REQUEST_TAG, group=self.group),
-                dist.irecv(reply, partner, tag=_REPLY_TAG, group=self.group)])):
+                self.link.isend(message, partner, tag=_REQUEST_TAG),
+                self.link.irecv(reply, partner, tag=_REPLY_TAG)])):
             with self.cond:
                 self._execute(self.core.handle(ReplyLost(src=partner)))
             return
@@ -237,8 +237,8 @@ class ADPSGD(Protocol):
             byes, self._byes = self._byes, []
         bye = self._message(_BYE)
         for partner in byes:
-            unless_lost(self.runtime.lost, partner, partial(dist.send, bye, partner,
-                                                            tag=_REQUEST_TAG, group=self.group))
+            unless_lost(self.runtime.lost, partner, partial(self.link.send, bye, partner,
+                                                            tag=_REQUEST_TAG))
         if self._server is not None:  # until every client said goodbye or was lost
             with self.cond:
                 self._wait(lambda: self._server_done)
@@ -251,7 +251,7 @@ class ADPSGD(Protocol):
             nbytes = self.network.scaled(self.frame.payload_bytes) if (
                 self.network is not None) else 0.0
             while True:
-                source = self.runtime.receive_any(buffer, _REQUEST_TAG, self.group)
+                source = self.link.recv_any(buffer, _REQUEST_TAG)
                 if self.frame.header(buffer) == (_BYE,):
                     with self.cond:  # dropped if the core counts the client lost already
                         self._execute(self.core.handle(ByeReceived(src=source)))
@@ -272,12 +272,12 @@ class ADPSGD(Protocol):
                 self._load(average)
                 with self.cond:  # the trainer may now step or send its request
                     self._execute(self.core.handle(Served(src=source)))
-                reply = self.frame.pack((_AVERAGE,), [average])
+                reply = self.link.pack(self.frame, (_AVERAGE,), [average])
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 self.runtime.before_send()
                 unless_lost(self.runtime.lost, source,
-                            partial(dist.send, reply, source, tag=_REPLY_TAG, group=self.group))
+                            partial(self.link.send, reply, source, tag=_REPLY_TAG))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             with self.cond:
                 self._server_error = error
@@ -289,10 +289,10 @@ class ADPSGD(Protocol):
 
     # --- flat model helpers ---------------------------------------------------------------------
     def _flat(self) -> torch.Tensor:
-        return flatten(self.tensors, device=self.host)
+        return self.link.flat(self.tensors)
 
     def _message(self, kind: int) -> torch.Tensor:
-        return self.frame.pack((kind,), self.tensors, device=self.host)
+        return self.link.pack(self.frame, (kind,), self.tensors)
 
     def _payload(self, message: torch.Tensor) -> torch.Tensor:
         return self.frame.payload(message)
@@ -300,4 +300,4 @@ class ADPSGD(Protocol):
     def _load(self, flat: torch.Tensor) -> None:
         """Write a flat model through `.data`, so that a backward pass running on the training
         thread is not invalidated by a version-counter bump."""
-        unflatten_into(flat, [t.data for t in self.tensors])
+        self.link.unpack_into(flat, [t.data for t in self.tensors])

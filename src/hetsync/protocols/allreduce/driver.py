@@ -14,7 +14,6 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from hetsync.network.patterns import ring_allreduce
@@ -27,7 +26,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
 )
 from hetsync.protocols.base import Protocol, Step
-from hetsync.transport.flat import flatten, ring_allreduce_bytes, unflatten_into
+from hetsync.transport.flat import ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 
 
@@ -40,6 +39,7 @@ class AllReduce(Protocol):
     ) -> None:
         super().__init__(runtime, model, optimizer)
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
+        self.link = runtime.links.direct
 
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
@@ -53,18 +53,18 @@ class AllReduce(Protocol):
         [reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
                                                    wants_stop=step.wants_stop))
         assert isinstance(reduce, Reduce)
-        flat = flatten(grads + buffers, float(reduce.vote))
+        flat = self.link.flat(grads + buffers, float(reduce.vote))
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
             self.runtime.before_send()
-            dist.all_reduce(flat)
+            self.link.all_reduce(flat)
         if self.network is not None:
             nbytes = self.network.scaled(flat.numel() * flat.element_size())
             self.network.after_blocking(step, ring_allreduce(range(world), nbytes), "allreduce",
                                         time.perf_counter() - began)
         with torch.no_grad():
-            unflatten_into(flat[:-1], grads + buffers)
+            self.link.unpack_into(flat[:-1], grads + buffers)
         votes = round(float(flat[-1]))
         [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=votes))
         assert isinstance(finish, Finish)

@@ -7,6 +7,11 @@ the time until the reduction completes is counted as synchronisation, and the st
 in the last element of every bucket. The decisions (the divisor, the agreed stop) are
 `hetsync.protocols.allreduce.core.AllReduceWorker`'s: the first bucket of an iteration asks it
 what to contribute, and the votes reduced with the buckets decide the stop.
+
+The hook reduces through the runtime's direct link, like every hetsync message; the wrapper's
+own traffic (its broadcasts of the model and of the buffers) is torch's, the one exception to
+the rule that only hetsync.transport.links talks to torch.distributed. Under NCCL the model
+must be on a GPU (DDP's broadcasts would hand NCCL host memory): a ConfigError says so.
 """
 
 from __future__ import annotations
@@ -14,10 +19,10 @@ from __future__ import annotations
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from hetsync.errors import ConfigError
 from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols import register_protocol
 from hetsync.protocols.allreduce.core import (
@@ -28,7 +33,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
 )
 from hetsync.protocols.base import Protocol, Step
-from hetsync.transport.flat import flatten, ring_allreduce_bytes
+from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 
 
@@ -40,7 +45,13 @@ class DDP(Protocol):
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
         super().__init__(runtime, model, optimizer)
-        device_ids = [runtime.device] if runtime.device.type == "cuda" else None
+        tensors = model_tensors(model)
+        device = tensors[0].device if tensors else torch.device("cpu")
+        if runtime.backend == "nccl" and device.type != "cuda":
+            raise ConfigError(f"ddp: --backend nccl reduces on the GPU, but the model is on "
+                              f"{device}: move it to a GPU, or use --backend gloo")
+        device_ids = [device] if device.type == "cuda" else None
+        self.link = runtime.links.direct
         self.ddp = DistributedDataParallel(model, device_ids=device_ids)
         self.ddp.register_comm_hook(None, self._hook)
         self.step: Step | None = None
@@ -77,14 +88,16 @@ class DDP(Protocol):
         reduce = self._reduce
         assert isinstance(reduce, Reduce)
         buffer = bucket.buffer()
-        flat = flatten([buffer], float(reduce.vote))
+        flat = self.link.flat([buffer], float(reduce.vote))
         flat[:-1].div_(reduce.divisor)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
         if step.on_phase is not None:
             step.on_phase("sync")
         began = time.perf_counter()
         self.runtime.before_send()
-        future = dist.all_reduce(flat, async_op=True).get_future()
+        work = self.link.all_reduce(flat, async_op=True)
+        assert work is not None
+        future = work.get_future()
 
         def finish(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             reduced = fut.value()[0]
@@ -94,7 +107,7 @@ class DDP(Protocol):
                 self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
                                             f"bucket{bucket.index()}", time.perf_counter() - began)
             self._votes = max(self._votes, round(float(reduced[-1])))  # every bucket's count
-            buffer.copy_(reduced[:-1])
+            self.link.unpack_into(reduced[:-1], [buffer])
             return buffer
 
         return future.then(finish)

@@ -34,7 +34,7 @@ from hetsync.protocols.dpsgd.core import (
     flood_hops,
 )
 from hetsync.topology import build
-from hetsync.transport.flat import BufferDrift, model_tensors, unflatten_into
+from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.runtime import Runtime
 
@@ -56,6 +56,7 @@ class DPSGD(Protocol):
         self.tensors = model_tensors(model)
         self.frame = Frame.of(self.tensors, words=2)  # stop_at, time posted: float64 bits
         self.drift = BufferDrift(model)
+        self.link = runtime.links.direct  # known peers: on the GPU under NCCL
         self.core = self._new_core(config.max_iterations)
         self._exchange: _Exchange | None = None
 
@@ -81,12 +82,12 @@ class DPSGD(Protocol):
         [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
         assert isinstance(exchange, Exchange)
         posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
-        send = self.frame.pack((float_word(exchange.stop_at), float_word(posted)), self.tensors)
-        received = {j: torch.empty_like(send) for j in exchange.receive_from}
-        ops = [dist.P2POp(dist.isend, send, j, tag=_TAG) for j in exchange.send_to]
-        ops += [dist.P2POp(dist.irecv, buf, j, tag=_TAG) for j, buf in received.items()]
+        send = self.link.pack(self.frame, (float_word(exchange.stop_at), float_word(posted)),
+                              self.tensors)
+        received = {j: self.link.empty(self.frame) for j in exchange.receive_from}
         self.runtime.before_send()
-        works = dist.batch_isend_irecv(ops) if ops else []
+        works = self.link.post([(send, j) for j in exchange.send_to],
+                               [(buf, j) for j, buf in received.items()], _TAG)
         step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
         self._exchange = (send, received, works, exchange)
         return self._exchange
@@ -111,7 +112,7 @@ class DPSGD(Protocol):
         for j, buf in received.items():
             average.add_(self.frame.payload(buf), alpha=average_.weights[j])
         with torch.no_grad():
-            unflatten_into(self.drift.apply(average, sent), self.tensors)
+            self.link.unpack_into(self.drift.apply(average, sent), self.tensors)
         step.stop = average_.stop
         self._exchange = None
 

@@ -62,7 +62,7 @@ from hetsync.protocols.hop.core import (
     Wait,
 )
 from hetsync.topology import build
-from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.flat import model_tensors
 from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.runtime import Runtime
@@ -86,7 +86,7 @@ class Hop(Protocol):
         self_weight, weights = topology.recv_weights(rank)
         self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, config.hop_config())
         self.tensors = model_tensors(model)
-        self.group, self.host = runtime.host_group, runtime.host  # any-source receives: gloo
+        self.link = runtime.links.host  # any-source receives: gloo, on host memory
         self.timeout = runtime.wait_timeout
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
@@ -176,8 +176,8 @@ class Hop(Protocol):
                 step.extra.setdefault("started_at", time.time())
                 step.extra["tag"] = decision.iteration
             elif isinstance(decision, SendUpdate):
-                update = self._frames[_UPDATE_TAG].pack((decision.tag, self._stamp()),
-                                                        self.tensors, device=self.host)
+                update = self.link.pack(self._frames[_UPDATE_TAG],
+                                        (decision.tag, self._stamp()), self.tensors)
                 self._send(update, decision.to, _UPDATE_TAG, step)
             elif isinstance(decision, Aggregate):
                 self._average(decision.inputs, decision.self_weight, decision.weights)
@@ -200,11 +200,11 @@ class Hop(Protocol):
         for j in to:
             if j not in self._lost:  # a send to a peer that just died can fail at once
                 unless_lost(self.runtime.lost, j, lambda j=j: self._sends.append(
-                    (dist.isend(message, j, tag=tag, group=self.group), message, j)))
+                    (self.link.isend(message, j, tag=tag), message, j)))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
     def _scalar(self, value: int) -> torch.Tensor:
-        return self._frames[_TOKEN_TAG].pack((value,))
+        return self.link.pack(self._frames[_TOKEN_TAG], (value,))
 
     def _wait_sends(self) -> None:
         for work, _, to in self._sends:
@@ -222,12 +222,12 @@ class Hop(Protocol):
     def _average(
         self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
     ) -> None:
-        average = flatten(self.tensors, device=self.host) * self_weight
+        average = self.link.flat(self.tensors).mul_(self_weight)
         for j, tag in inputs.items():
             average.add_(self._frames[_UPDATE_TAG].payload(self.updates[j, tag]),
                          alpha=weights[j])
         with torch.no_grad():
-            unflatten_into(average, self.tensors)
+            self.link.unpack_into(average, self.tensors)
 
     def _describe(self, wait: Wait) -> str:
         awaited = [f"an update tagged >= {tag} from rank {j}" for j, tag in wait.updates.items()]
@@ -249,8 +249,8 @@ class Hop(Protocol):
                 with self._channels:
                     if not senders - self._lost:
                         return
-                buffer = frame.empty()
-                src = self.runtime.receive_any(buffer, tag, self.group)
+                buffer = self.link.empty(frame)
+                src = self.link.recv_any(buffer, tag)
                 header = frame.header(buffer)[0]
                 if self.network is not None and header != _END:
                     self._charge_network(src, tag, buffer)
@@ -290,15 +290,14 @@ class Hop(Protocol):
     def close(self) -> None:
         """End this worker's channels, then wait until every neighbour has ended its own."""
         self._wait_sends()
-        end = self._frames[_UPDATE_TAG].pack((_END, self._stamp()), self.tensors,
-                                             device=self.host)
+        end = self.link.pack(self._frames[_UPDATE_TAG], (_END, self._stamp()), self.tensors)
         token_end = self._scalar(_END)
         for peers, message, tag in ((self.core.out_peers, end, _UPDATE_TAG),
                                     (self.core.in_peers, token_end, _TOKEN_TAG)):
             for j in peers:
                 if j not in self._lost:
-                    unless_lost(self.runtime.lost, j, partial(dist.send, message, j, tag=tag,
-                                                              group=self.group))
+                    unless_lost(self.runtime.lost, j, partial(self.link.send, message, j,
+                                                              tag=tag))
         with self._channels:  # as long as they train: the launcher watches them
             self._channels.wait_for(self._ended)
         while not self.inbox.empty():

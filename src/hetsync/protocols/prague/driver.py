@@ -53,7 +53,6 @@ from collections.abc import Callable
 from functools import partial
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from hetsync.metrics import strict_json
@@ -85,7 +84,8 @@ from hetsync.protocols.prague.worker import (
     StepFinished,
     WorkerState,
 )
-from hetsync.transport.flat import flatten, model_tensors, unflatten_into
+from hetsync.transport.flat import model_tensors
+from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.preduce import make_preducer
 from hetsync.transport.runtime import Runtime
@@ -114,10 +114,11 @@ class Prague(Protocol):
         config, rank = runtime.config, runtime.rank
         self.rank, self.timeout = rank, runtime.wait_timeout
         self.tensors = model_tensors(model)
-        self._host_group = runtime.host_group  # the GG's messages: any source, so gloo
+        self._gg_link = runtime.links.host  # the GG's messages: any source, so gloo
+        self.link = runtime.links.direct  # P-Reduces: known peers, on the GPU under NCCL
         kind = config.preduce if runtime.lost is None else "mesh"  # see the module doc
-        self.preducer = make_preducer(kind, rank, runtime.world_size,
-                                      store=runtime.store, network=self.network)
+        self.preducer = make_preducer(kind, rank, runtime.world_size, store=runtime.store,
+                                      network=self.network, link=self.link)
         self.static = config.schedule == "static"
         self.period = static_schedule(runtime.world_size, config.workers_per_node)
         self.stopping = StaticStop(len(self.period) * runtime.world_size, config.max_iterations)
@@ -136,7 +137,7 @@ class Prague(Protocol):
         if not self.static:
             if rank == 0:
                 self._gg = _GroupGeneratorService(group_generator(config), self._deliver,
-                                                  config.ready_wait / 1000.0, self._host_group,
+                                                  config.ready_wait / 1000.0, self._gg_link,
                                                   runtime, self._gg_failed)
                 self._threads.append(self._gg.thread)
             elif runtime.world_size > 1:
@@ -267,11 +268,11 @@ class Prague(Protocol):
 
     def _merge(self) -> None:
         """x <- c + (x - s); then c = s = x (the training thread is waiting)."""
-        flat = flatten(self.tensors)
+        flat = self.link.flat(self.tensors)
         if self._comm is not None and self._handed is not None:
             flat.sub_(self._handed).add_(self._comm)  # exact with lr 0
             with torch.no_grad():
-                unflatten_into(flat, self.tensors)
+                self.link.unpack_into(flat, self.tensors)
         self._comm, self._handed = flat, flat.clone()
 
     def _communicate(self) -> None:
@@ -319,7 +320,7 @@ class Prague(Protocol):
             self._gg.put(self.rank, kind, value, flag)
         else:
             message = ToGG(int(kind), value, flag).encode()
-            dist.send(message, 0, tag=_TO_GG, group=self._host_group)
+            self._gg_link.send(message, 0, tag=_TO_GG)
 
     def _deliver(self, assign: AssignGroup, held: float) -> None:
         """Rank 0's GG hands rank 0 its own assignments directly."""
@@ -340,7 +341,7 @@ class Prague(Protocol):
         try:
             while True:
                 message = FromGG.empty(self.runtime.world_size)
-                dist.recv(message, 0, tag=_FROM_GG, group=self._host_group)
+                self._gg_link.recv(message, 0, tag=_FROM_GG)
                 if self.network is not None:  # an answer is charged with its request
                     sent = push_pull(self.rank, 0, 12, message.numel() * 4) if message[1] else (
                         point_to_point(0, self.rank, message.numel() * 4))
@@ -377,7 +378,7 @@ class Prague(Protocol):
     def _preduce(self, members: tuple[int, ...], step: Step) -> None:
         if len(members) == 1:
             return
-        flat = flatten(self.tensors)
+        flat = self.link.flat(self.tensors)
         with step.blocking():
             began = time.perf_counter()
             members = self._average(flat, members)
@@ -387,7 +388,7 @@ class Prague(Protocol):
             self.network.after_blocking(step, self.preducer.messages(members, nbytes),
                                         f"preduce{len(members)}", time.perf_counter() - began)
         with torch.no_grad():
-            unflatten_into(flat, self.tensors)
+            self.link.unpack_into(flat, self.tensors)
         step.bytes_sent += self._bytes_out(flat, members)
 
     def _bytes_out(self, flat: torch.Tensor, members: tuple[int, ...]) -> int:
@@ -430,11 +431,11 @@ class _GroupGeneratorService:
 
     def __init__(
         self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup, float], None],
-        ready_wait: float, host_group: dist.ProcessGroup | None, runtime: Runtime,
+        ready_wait: float, link: Link, runtime: Runtime,
         on_error: Callable[[BaseException], None],
     ) -> None:
         self.core = core
-        self._host_group = host_group
+        self.link = link  # the host link: receives from any source
         self.runtime = runtime
         self.world = core.world
         self.deliver = deliver
@@ -458,7 +459,7 @@ class _GroupGeneratorService:
             remaining = self.world - 1
             while remaining:
                 message = ToGG.empty()
-                src = self.runtime.receive_any(message, _TO_GG, self._host_group)
+                src = self.link.recv_any(message, _TO_GG)
                 to_gg = ToGG.decode(message)
                 kind, value, flag = float(to_gg.kind), to_gg.value, to_gg.flag
                 remaining -= kind == _BYE
@@ -520,8 +521,8 @@ class _GroupGeneratorService:
         once: the worker's receiver thread always waits for the next one."""
         message = FromGG(group, answers_request, held).encode(self.world)
         self.runtime.before_send()
-        unless_lost(self.runtime.lost, rank, partial(dist.send, message, rank, tag=_FROM_GG,
-                                                     group=self._host_group))
+        unless_lost(self.runtime.lost, rank, partial(self.link.send, message, rank,
+                                                     tag=_FROM_GG))
 
     def raise_error(self) -> None:
         if self.error is not None:

@@ -22,9 +22,9 @@ and waits for the reply, a buffer of the same size
 
 which it copies into its parameters and buffers; its own optimizer step is skipped. Remote
 workers use `send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them with an
-any-source `recv`, which NCCL has not: on NCCL runs these messages go over the runtime's
-gloo host group, and the server's model and every message live in host memory whatever the
-model's device (staged by one copy each way; on CPU the same code copies nothing). Rank 0
+any-source `recv`, which NCCL has not: these messages go over the runtime's host link (gloo),
+and the server's model and every message live in host memory whatever the model's device
+(staged by one copy each way; on CPU the same code copies nothing). Rank 0
 hands its message to the server object directly.
 
 - `--ps-mode sync`: a round collects one gradient from every live worker for the current
@@ -77,7 +77,6 @@ from functools import partial
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from hetsync.network.emulator import NetworkEmulator
@@ -102,6 +101,7 @@ from hetsync.protocols.ps.core import (
 )
 from hetsync.transport.flat import unflatten_into
 from hetsync.transport.header import Frame
+from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import LostWorkers, unless_lost
 from hetsync.transport.runtime import Runtime
 
@@ -137,11 +137,12 @@ class _Server:
     hyper-parameters from it before every step. `buffers` are rank 0's floating buffers."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
-                 sync: bool, world: int, group: dist.ProcessGroup | None = None,
+                 sync: bool, world: int, link: Link | None = None,
                  backup: int = 0, network: NetworkEmulator | None = None,
                  lost: LostWorkers | None = None,
                  before_send: Callable[[], None] | None = None) -> None:
-        self.source, self.group, self.network, self.lost = optimizer, group, network, lost
+        self.source, self.network, self.lost = optimizer, network, lost
+        self.link = link if link is not None else Link.default()
         self.before_send = before_send
         groups = _trainable(optimizer)
         self.params = [nn.Parameter(p.detach().to("cpu", copy=True)) for group in groups
@@ -234,14 +235,13 @@ class _Server:
         self._send(sends)
 
     def _serve(self) -> None:
-        buf = self.frame.empty()
+        buf = self.link.empty(self.frame)
         try:
             while True:
                 with self.cond:
                     if not self.remote:
                         return
-                src = (dist.recv(buf, src=None, tag=PUSH_TAG, group=self.group)
-                       if self.lost is None else self.lost.receive_any(buf, PUSH_TAG, self.group))
+                src = self.link.recv_any(buf, PUSH_TAG)
                 bye = self.frame.header(buf)[0] == _BYE
                 if self.network is not None and not bye:  # pushes queue at rank 0's NIC
                     self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
@@ -310,8 +310,8 @@ class _Server:
         self.version += 1
 
     def _deliver(self, answer: Answer) -> list[tuple[int, torch.Tensor]]:
-        reply = self.frame.pack((answer.version, answer.staleness, int(answer.stop)),
-                                [*self.params, self.buffers], device="cpu")
+        reply = self.link.pack(self.frame, (answer.version, answer.staleness, int(answer.stop)),
+                               [*self.params, self.buffers])
         if 0 in answer.ranks:
             self.local_reply = reply
             self.cond.notify_all()
@@ -329,8 +329,8 @@ class _Server:
                     self.network.occupy(point_to_point(0, rank, self._model_bytes(reply)))
                 if self.before_send is not None:
                     self.before_send()
-                unless_lost(self.lost, rank, partial(dist.send, reply, rank, tag=PULL_TAG,
-                                                     group=self.group))  # lost: no one to reply to
+                unless_lost(self.lost, rank, partial(self.link.send, reply, rank,
+                                                     tag=PULL_TAG))  # lost: no one to reply to
         if sends:
             with self.cond:
                 self.bytes_sent += sum(r.numel() * r.element_size() for _, r in sends)
@@ -344,7 +344,7 @@ class ParameterServer(Protocol):
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
         super().__init__(runtime, model, optimizer)
-        self.group = runtime.host_group  # the server receives from any source: gloo
+        self.link = runtime.links.host  # the server receives from any source: gloo
         self.sync = runtime.config.ps_mode == "sync"
         self.backup = runtime.config.ps_backup
         self.core = PSWorkerCore(runtime.rank, runtime.config.ps_mode, self.backup)
@@ -354,9 +354,9 @@ class ParameterServer(Protocol):
         self.loaded = _flat(self.buffers, self.dtype)  # as last loaded from the server
         self.frame = Frame(_WORDS, sum(p.numel() for p in self.params) + self.loaded.numel(),
                            self.dtype)
-        self.reply = self.frame.empty()
+        self.reply = self.link.empty(self.frame)
         self.server = (
-            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.group,
+            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.link,
                     backup=self.backup, network=self.network, lost=runtime.lost,
                     before_send=runtime.before_send)
             if runtime.rank == 0 else None
@@ -369,21 +369,20 @@ class ParameterServer(Protocol):
                                                 wants_stop=step.wants_stop))
         assert isinstance(push, SendPush)
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
-        msg = self.frame.pack((_PUSH, push.version, int(push.vote)), [*grads, delta],
-                              device="cpu")
+        msg = self.link.pack(self.frame, (_PUSH, push.version, int(push.vote)), [*grads, delta])
         with step.blocking():
             self.runtime.before_send()
             if self.server is not None:
                 reply = self.server.push(msg)
             else:
-                dist.send(msg, 0, tag=PUSH_TAG, group=self.group)
-                dist.recv(self.reply, 0, tag=PULL_TAG, group=self.group)
+                self.link.send(msg, 0, tag=PUSH_TAG)
+                self.link.recv(self.reply, 0, tag=PULL_TAG)
                 reply = self.reply
         payload = self.frame.payload(reply)
         split = len(payload) - self.loaded.numel()
         with torch.no_grad():
-            unflatten_into(payload[:split], self.params)
-            unflatten_into(payload[split:], self.buffers)
+            self.link.unpack_into(payload[:split], self.params)
+            self.link.unpack_into(payload[split:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)
         version, staleness, stop = self.frame.header(reply)
         [load] = self.core.handle(ReplyReceived(version=version, staleness=staleness,
@@ -416,12 +415,12 @@ class ParameterServer(Protocol):
             self.server.load_state_dict(state["server"])
         size = sum(p.numel() for p in self.params)
         model = (self.server.model() if self.server is not None
-                 else torch.empty(size + self.loaded.numel(), dtype=self.dtype))
+                 else self.link.zeros(size + self.loaded.numel(), self.dtype))
         if self.runtime.world_size > 1:
-            dist.broadcast(model, 0, group=self.group)
+            self.link.broadcast(model, 0)
         with torch.no_grad():
-            unflatten_into(model[:size], self.params)
-            unflatten_into(model[size:], self.buffers)
+            self.link.unpack_into(model[:size], self.params)
+            self.link.unpack_into(model[size:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)  # the buffers just loaded into the model
 
     def close(self) -> None:
@@ -429,5 +428,6 @@ class ParameterServer(Protocol):
         if self.server is not None:
             self.server.close()
         else:
-            bye = self.frame.pack((_BYE, 0, 0), [torch.zeros(self.frame.numel, dtype=self.dtype)])
-            dist.send(bye, 0, tag=PUSH_TAG, group=self.group)
+            bye = self.link.pack(self.frame, (_BYE, 0, 0),
+                                 [torch.zeros(self.frame.numel, dtype=self.dtype)])
+            self.link.send(bye, 0, tag=PUSH_TAG)

@@ -1,0 +1,234 @@
+"""The wire: for each kind of traffic, its process group, the device its buffers travel on, and
+how they are packed. The only calls into torch.distributed's communication in hetsync are here
+(tests/transport/test_layout.py checks), so that every buffer passes its link's device check
+before it travels: a CUDA tensor can never reach gloo unnoticed, nor a host one NCCL.
+
+A worker has two links (`Links`, built once by `hetsync.transport.runtime.init`):
+
+- ``direct``: the default process group, for collectives and sends to known peers (all-reduce,
+  DDP's hook, D-PSGD, P-Reduce, the model broadcast and average). Its buffers live on the
+  compute device under NCCL (they stay on the GPU), in host memory under gloo.
+- ``host``: a gloo group on host memory (the default group on gloo runs), for receives from any
+  source, which NCCL has not: Hop, AD-PSGD, the parameter server, Prague's Group Generator.
+
+Packing (`flat`, `pack`) and unpacking (`unpack_into`) copy between the model's tensors, on
+whatever device the model is, and the wire. Where the wire is the host and a tensor is on a
+GPU, the host buffers are pinned and the copies non-blocking, with one synchronisation for all
+of a buffer's tensors (before it is sent, or before the receive buffer may be reused); on a
+machine without CUDA nothing is pinned and the copies are plain ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from hetsync.transport.header import Frame
+from hetsync.transport.lost_workers import LostWorkers
+
+__all__ = ["Link", "Links", "WireDeviceError"]
+
+_CPU = torch.device("cpu")
+Transfers = Iterable[tuple[torch.Tensor, int]]
+"""(buffer, peer) pairs: what to send to whom, or receive from whom."""
+
+
+class WireDeviceError(ValueError):
+    """A buffer handed to a link is not on the link's wire device (a bug in hetsync: drivers
+    pack through the link, which puts buffers there). A ValueError, not a RuntimeError, so
+    that no lost-worker handling mistakes it for a failed transfer."""
+
+
+class Link:
+    """One kind of traffic: its process group (None: the default one) and its wire `device`,
+    where buffers travel. `lost`, where workers may be lost, makes `recv_any` retry after a
+    failure that a peer's death explains."""
+
+    def __init__(self, name: str, group: dist.ProcessGroup | None, device: torch.device,
+                 lost: LostWorkers | None = None) -> None:
+        self.name = name
+        self.group = group
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        self.device = device
+        self.lost = lost
+        self.pinned = device.type == "cpu" and torch.cuda.is_available()
+        """Host buffers are pinned where a model may be on a GPU: its copies are then
+        asynchronous (a CPU-only run pins nothing)."""
+
+    @classmethod
+    def default(cls) -> Link:
+        """The default process group on host memory: a gloo run's only link."""
+        return cls("default", None, _CPU)
+
+    def __repr__(self) -> str:
+        return f"Link({self.name!r}, {self._backend()}, {self.device})"
+
+    # --- buffers on the wire device ---------------------------------------------------------
+    def zeros(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed 1-D buffer on the wire."""
+        return self._empty(numel, dtype).zero_()
+
+    def empty(self, frame: Frame) -> torch.Tensor:
+        """A buffer to receive one `frame` message into."""
+        return self._empty(frame.nbytes, torch.uint8)
+
+    def flat(self, tensors: Sequence[torch.Tensor], *extra: float) -> torch.Tensor:
+        """A new 1-D buffer on the wire: the tensors' values (detached, in the first one's
+        dtype), then the `extra` scalars in that dtype. The extras round as the dtype does
+        (bf16 holds integers exactly only up to 256): fit for a stop vote summed over at most
+        256 workers; a header goes in a `Frame` instead (`pack`)."""
+        numel = sum(t.numel() for t in tensors)
+        out = self._empty(numel + len(extra), tensors[0].dtype)
+        _fill(out[:numel], tensors)
+        if extra:
+            out[numel:].copy_(torch.tensor(extra, dtype=out.dtype))
+        return out
+
+    def pack(self, frame: Frame, header: Sequence[int],
+             tensors: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+        """A new `frame` message on the wire: `header` (exactly `frame.words` integers), then
+        the tensors' values, detached, in one copy."""
+        message = self.empty(frame)
+        frame.write_header(message, header)
+        if frame.numel:
+            _fill(frame.payload(message), tensors)
+        return message
+
+    def on_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` itself if it is on the wire, else a copy there (`unpack_into` it back)."""
+        if tensor.device == self.device:
+            return tensor
+        return self.flat([tensor])
+
+    def unpack_into(self, flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+        """Copy consecutive slices of `flat` back into `tensors` (in place), each on its own
+        device; returns once they are all there, so `flat` may be received into again."""
+        staged = False
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            cross = t.device != flat.device
+            staged |= cross
+            t.copy_(flat[offset : offset + n].view_as(t), non_blocking=cross)
+            offset += n
+        if staged:
+            _synchronize([flat, *tensors])
+
+    # --- operations -------------------------------------------------------------------------
+    def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False) -> dist.Work | None:
+        """Sum `tensor` over the group, in place; with `async_op`, the Work (its
+        `get_future()` is what a DDP communication hook returns)."""
+        self.check(tensor, "all_reduce")
+        return dist.all_reduce(tensor, group=self.group, async_op=async_op)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        self.check(tensor, "broadcast")
+        dist.broadcast(tensor, src, group=self.group)
+
+    def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
+        self.check(tensor, "send")
+        dist.send(tensor, dst, group=self.group, tag=tag)
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
+        self.check(tensor, "recv")
+        dist.recv(tensor, src, group=self.group, tag=tag)
+
+    def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
+        self.check(tensor, "isend")
+        return dist.isend(tensor, dst, group=self.group, tag=tag)
+
+    def irecv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> dist.Work:
+        self.check(tensor, "irecv")
+        return dist.irecv(tensor, src, group=self.group, tag=tag)
+
+    def post(self, sends: Transfers, receives: Transfers, tag: int) -> list[dist.Work]:
+        """Post sends and receives together (`batch_isend_irecv`); their Works, to wait on."""
+        ops = [dist.P2POp(dist.isend, self.check(t, "send"), peer, self.group, tag)
+               for t, peer in sends]
+        ops += [dist.P2POp(dist.irecv, self.check(t, "recv"), peer, self.group, tag)
+                for t, peer in receives]
+        return dist.batch_isend_irecv(ops) if ops else []
+
+    def exchange(self, sends: Transfers, receives: Transfers, tag: int) -> None:
+        """`post`, then wait for all of it (gloo's p2p Works complete only in wait())."""
+        for work in self.post(sends, receives, tag):
+            work.wait()
+
+    def recv_any(self, tensor: torch.Tensor, tag: int) -> int:
+        """Receive from any source (gloo only); returns the source. Where workers may be lost,
+        a failure that a peer's death explains is retried (`LostWorkers.retrying`)."""
+        self.check(tensor, "recv_any")
+
+        def receive() -> int:
+            return dist.recv(tensor, src=None, group=self.group, tag=tag)
+
+        return receive() if self.lost is None else self.lost.retrying(receive)
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)
+
+    def check(self, tensor: torch.Tensor, op: str = "transfer") -> torch.Tensor:
+        """`tensor` if it is on the wire device; otherwise a WireDeviceError that names the
+        link, its backend and both devices."""
+        if tensor.device != self.device:
+            raise WireDeviceError(
+                f"hetsync: the {self.name} link ({self._backend()}) carries buffers on "
+                f"{self.device}, but {op} was given one on {tensor.device}: pack it with the "
+                "link (flat, pack, empty, on_wire)")
+        return tensor
+
+    def _empty(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(numel, dtype=dtype, device=self.device, pin_memory=self.pinned)
+
+    def _backend(self) -> str:
+        try:
+            return str(dist.get_backend(self.group))
+        except (RuntimeError, ValueError):  # no process group (yet), or a raw subgroup
+            return "gloo" if self.device.type == "cpu" else "nccl"
+
+
+@dataclass(frozen=True)
+class Links:
+    """A worker's links: `direct` (the default group on the compute device under NCCL, the
+    host under gloo) and `host` (gloo on host memory: receives from any source). The default,
+    for a run without `init()` (tests), is gloo's: both the default group on the host."""
+
+    direct: Link = field(default_factory=Link.default)
+    host: Link = field(default_factory=Link.default)
+
+    @classmethod
+    def of(cls, backend: str, device: torch.device, host_group: dist.ProcessGroup | None,
+           lost: LostWorkers | None) -> Links:
+        """The links of a run on `backend` whose compute device is `device`; `host_group`
+        is the gloo group of all ranks under NCCL (None: the default group is gloo)."""
+        wire = device if backend == "nccl" else _CPU
+        return cls(direct=Link("direct", None, wire, lost),
+                   host=Link("host", host_group, _CPU, lost))
+
+
+def _fill(out: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+    """Write the tensors' values (detached, flattened, in `out`'s dtype) into `out`, one copy
+    each: on one device as one `cat`; across devices as non-blocking copies (asynchronous
+    into pinned memory) and one synchronisation before the buffer may travel."""
+    if not tensors:
+        return
+    if all(t.device == out.device for t in tensors):
+        torch.cat([t.detach().reshape(-1).to(out.dtype) for t in tensors], out=out)
+        return
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        out[offset : offset + n].copy_(t.detach().reshape(-1), non_blocking=True)
+        offset += n
+    _synchronize([out, *tensors])
+
+
+def _synchronize(tensors: Iterable[torch.Tensor]) -> None:
+    """Wait for the copies queued on the current streams of the GPUs holding `tensors`."""
+    for device in {t.device for t in tensors if t.device.type == "cuda"}:
+        torch.cuda.current_stream(device).synchronize()
+

@@ -1,0 +1,185 @@
+"""The links (hetsync.transport.links): buffers are packed onto the wire device and checked
+there before every operation; messages are the bytes they always were. On a real world of
+one over gloo (a HashStore), and two real processes for the receives from any source. The
+`meta` device stands in for a device other than the wire's (a GPU on a gloo wire)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
+from hetsync.protocols.ddp.driver import DDP
+from hetsync.transport.flat import average_model, broadcast_model
+from hetsync.transport.header import Frame
+from hetsync.transport.links import Link, Links, WireDeviceError
+from hetsync.transport.runtime import Runtime
+
+META = torch.device("meta")
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A gloo process group of one rank, unless one exists already (left as it is then)."""
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if made:
+        dist.destroy_process_group()
+
+
+def _tensors(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(3, 4, generator=g).to(dtype), torch.randn(5, generator=g).to(dtype),
+            torch.randn(2, 1, 2, generator=g).to(dtype)]
+
+
+@pytest.mark.parametrize("op", ["all_reduce", "broadcast", "send", "recv", "isend", "irecv",
+                                "recv_any", "post", "exchange"])
+def test_a_buffer_off_the_wire_never_reaches_the_process_group(op):
+    link = Link("host", None, torch.device("cpu"))
+    buffer = torch.zeros(4, device=META)
+    call = {"all_reduce": lambda: link.all_reduce(buffer),
+            "broadcast": lambda: link.broadcast(buffer, 0),
+            "send": lambda: link.send(buffer, 1), "recv": lambda: link.recv(buffer, 1),
+            "isend": lambda: link.isend(buffer, 1), "irecv": lambda: link.irecv(buffer, 1),
+            "recv_any": lambda: link.recv_any(buffer, 7),
+            "post": lambda: link.post([(buffer, 1)], [], 7),
+            "exchange": lambda: link.exchange([], [(buffer, 1)], 7)}[op]
+    with pytest.raises(WireDeviceError, match=r"the host link \(gloo\) carries buffers on cpu, "
+                                              r"but \w+ was given one on meta"):
+        call()
+
+
+def test_a_host_buffer_is_refused_by_a_device_wire():
+    link = Link("direct", None, META)  # as NCCL's wire on the GPU refuses host memory
+    with pytest.raises(WireDeviceError, match="on meta, but send was given one on cpu"):
+        link.send(torch.zeros(2), 1)
+    assert link.flat([torch.zeros(2)]).device == META  # packing puts buffers there
+
+
+def test_links_of_a_run_put_collectives_on_the_compute_device_only_under_nccl():
+    gloo = Links.of("gloo", torch.device("cpu"), None, None)
+    assert gloo.direct.device == gloo.host.device == torch.device("cpu")
+    assert gloo.direct.group is None and gloo.host.group is None
+    nccl = Links.of("nccl", META, None, None)  # META: the GPU
+    assert nccl.direct.device == META and nccl.host.device == torch.device("cpu")
+    assert not Link.default().pinned or torch.cuda.is_available()  # CPU-only: no pinning
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_flat_then_unpack_restores_every_tensor(dtype):
+    link = Link.default()
+    tensors = _tensors(dtype)
+    flat = link.flat(tensors, 1.0, 3.0)
+    assert flat.dtype == dtype and flat.numel() == 12 + 5 + 4 + 2
+    assert flat[-2:].tolist() == [1.0, 3.0]
+    copies = [torch.zeros_like(t) for t in tensors]
+    link.unpack_into(flat[:-2], copies)
+    assert all(torch.equal(a, b) for a, b in zip(copies, tensors, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_packed_message_is_the_frame_s_bytes_and_unpacks(dtype):
+    link, tensors = Link.default(), _tensors(dtype)
+    frame = Frame.of(tensors, words=2)
+    header = (2**40 + 1, -1)
+    message = link.pack(frame, header, tensors)
+    assert torch.equal(message, frame.pack(header, tensors))  # the wire format is unchanged
+    assert frame.header(message) == header
+    received = link.empty(frame)
+    received.copy_(message)
+    copies = [torch.zeros_like(t) for t in tensors]
+    link.unpack_into(frame.payload(received), copies)
+    assert all(torch.equal(a, b) for a, b in zip(copies, tensors, strict=True))
+    assert torch.equal(link.pack(Frame(1, 0, torch.int64), (5,)), Frame(1, 0, torch.int64)
+                       .pack((5,)))
+
+
+def test_collectives_on_a_world_of_one(world_of_one):
+    link = Link.default()
+    flat = link.flat(_tensors())
+    before = flat.clone()
+    link.all_reduce(flat)
+    work = link.all_reduce(flat, async_op=True)
+    assert work is not None
+    assert torch.equal(work.get_future().wait()[0], before)
+    link.broadcast(flat, 0)
+    link.barrier()
+    assert torch.equal(flat, before)
+    model = nn.Linear(3, 2)
+    weights = model.weight.detach().clone()
+    broadcast_model(model, link)
+    average_model(model, link)
+    assert torch.equal(model.weight, weights)
+
+
+def test_ddp_under_nccl_with_a_model_on_the_cpu_is_a_config_error():
+    runtime = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"),
+                      backend="nccl", config=RunConfig(protocol="ddp"), store=dist.HashStore(),
+                      t0=time.time(), run_dir=None, launched=False)
+    model = nn.Linear(2, 1)
+    with pytest.raises(ConfigError, match="ddp: --backend nccl .* model is on cpu"):
+        DDP(runtime, model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+# --- two processes: receives from any source, batched exchanges, sends ----------------------
+def _pair(rank: int, port: int, out: Path) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=30)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timeout)
+    link, other = Links().direct, 1 - rank
+    frame = Frame(2, 3, torch.bfloat16)
+    mine = link.pack(frame, (rank, 2**40), [torch.full((3,), rank + 0.5)])
+    theirs = link.empty(frame)
+    link.exchange([(mine, other)], [(theirs, other)], tag=5)
+    got = link.empty(frame)
+    if rank == 0:
+        source = link.recv_any(got, tag=6)
+        link.send(mine, source, tag=7)
+    else:
+        link.send(mine, 0, tag=6)
+        link.recv(got, 0, tag=7)
+        source = 0
+    link.barrier()
+    torch.save({"exchanged": theirs, "got": got, "source": source}, out / f"rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+def test_two_processes_exchange_and_receive_from_any_source(tmp_path):
+    context = mp.start_processes(_pair, args=(_free_port(), tmp_path), nprocs=2, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + 60.0
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("link test processes still running after 60 s")
+    frame = Frame(2, 3, torch.bfloat16)
+    for rank in range(2):
+        saved = torch.load(tmp_path / f"rank{rank}.pt")
+        other = 1 - rank
+        assert frame.header(saved["exchanged"]) == (other, 2**40)
+        assert frame.payload(saved["exchanged"]).tolist() == [other + 0.5] * 3
+        assert frame.header(saved["got"]) == (other, 2**40)
+        assert saved["source"] == (1 if rank == 0 else 0)
