@@ -33,4 +33,5 @@ def test_list_names_every_suite(capsys):
     assert main(["bench", "--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == ["headline", "smoke", "homogeneous", "deterministic", "random", "scaling",
-                     "everything", "regimes", "regimes-small", "paper", "scaling-sim"]
+                     "everything", "regimes", "regimes-small", "paper", "scaling-sim", "gpu",
+                     "real", "real-small"]
