@@ -37,8 +37,9 @@ __all__ = ["LOST_KEY", "LostWorkers", "unless_lost"]
 
 LOST_KEY = "lost"
 POLL_S = 0.1
-RETRIES_PER_PEER = 4
-"""How many failed receives from any source one dead peer may explain."""
+RETRY_S_PER_CONFIRM = 3.0
+"""For how many detection times (`confirm_timeout`) a receive from any source keeps trying
+through failures that declared losses explain."""
 
 
 def unless_lost(lost: LostWorkers | None, peer: int, transfer: Callable[[], object]) -> bool:
@@ -113,18 +114,21 @@ class LostWorkers:
     def retrying(self, receive: Callable[[], int]) -> int:
         """`receive()` (a receive from any source: `Link.recv_any`), tried again after a
         failure that a peer's death explains: the launcher declares a rank lost within
-        `confirm_timeout` (otherwise the error is real and raised). A dead peer may fail
-        several receives (one per operation gloo had pending with it), so the bound is a few
-        per peer, not one."""
-        failures = 0
+        `confirm_timeout` (otherwise the error is real and raised). A dead peer fails a burst
+        of receives, not one: one per operation gloo had pending with it, and, in a worker
+        that was stopped while the peer died, every receive until gloo's own thread has
+        caught up with the closed connection (seen: more than 16 in a row). So the bound is a
+        time, `RETRY_S_PER_CONFIRM` detection times from the first failure, not a count."""
+        give_up: float | None = None
         while True:
             try:
                 return receive()
             except RuntimeError as error:
-                failures += 1
-                if not is_follow_on(str(error)) or failures > RETRIES_PER_PEER * self.world_size:
+                now = time.monotonic()
+                give_up = give_up or now + RETRY_S_PER_CONFIRM * self.confirm_timeout
+                if not is_follow_on(str(error)) or now > give_up:
                     raise
-                deadline = time.monotonic() + self.confirm_timeout
+                deadline = now + self.confirm_timeout
                 while not self.refresh():
                     if time.monotonic() > deadline:
                         raise
