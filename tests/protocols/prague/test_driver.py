@@ -67,7 +67,7 @@ CASES = {  # options, and the fewest distinct groups 8 x 100 requests must have 
 @pytest.mark.parametrize("case", [
     pytest.param(c, marks=pytest.mark.slow) if c in (
         "size 2", "size 3, group buffer", "size 3, paper between steps",
-        "size 3, ready between steps") else c
+        "size 3, ready between steps", "size 3, ready") else c
     for c in CASES], ids=list(CASES))
 def test_hundreds_of_preduces_in_one_order_with_random_delays(case, train_run):
     result = train_run(protocol="prague", workers=8, max_iterations=100, step_time=2.0,
