@@ -21,7 +21,7 @@ def _rows(run_dir: Path, rank: int) -> list[dict]:
     return read_jsonl(run_dir / "workers" / f"rank{rank}.jsonl")
 
 
-@pytest.mark.parametrize("mode", ["standard", pytest.param("notify-ack",
+@pytest.mark.parametrize("mode", ["queues", pytest.param("notify-ack",
                                                             marks=pytest.mark.slow)])
 def test_with_nothing_relaxed_hop_computes_dpsgds_iterates(mode, train_run):
     common = {"workers": 4, "max_iterations": 40, "stop_at_target": False, "seed": 3}
