@@ -66,8 +66,16 @@ def test_a_finished_worker_is_never_hung_for_waiting_but_a_stopped_one_fails(mon
     assert monitor.check() is False
     os.kill(monitor.procs[1].pid, signal.SIGSTOP)
     time.sleep(0.1)
+    assert monitor.check() is False  # quiet for long, but stopped only now: a short stop is
+    os.kill(monitor.procs[1].pid, signal.SIGCONT)  # no failure (a debugger, SIGSTOP+SIGCONT)
+    time.sleep(0.7)
+    assert monitor.check() is False
+    os.kill(monitor.procs[1].pid, signal.SIGSTOP)
+    time.sleep(0.1)
+    monitor.check()
+    time.sleep(0.7)  # stopped for longer than --hang-timeout
     with pytest.raises(WorkerFailed, match="rank 1 was stopped .* while finishing, after "
-                                           "iteration 70"):
+                                           "iteration 70, for more than 0.5 s"):
         monitor.check()
 
 
@@ -76,6 +84,8 @@ def test_a_finished_worker_stopped_for_good_is_lost_under_on_failure_continue(mo
     _beat(monitor, {0: "70 done 3.0", 1: "70 closing 3.0", 2: "70 closing 3.0"})
     monitor.check()
     os.kill(monitor.procs[2].pid, signal.SIGSTOP)
+    time.sleep(0.1)
+    monitor.check()
     time.sleep(0.7)
     assert monitor.check() is False
     assert set(monitor.lost) == {2}

@@ -67,6 +67,8 @@ class Monitor:
     _beats: dict[int, str] = field(default_factory=dict)
     _changed: dict[int, float] = field(default_factory=dict)
     _warned: set[int] = field(default_factory=set)
+    _stopped_since: dict[int, float] = field(default_factory=dict)
+    """Finished workers seen stopped, and since when (`_check_finishing`)."""
 
     def check(self) -> bool:
         """True once every worker exited cleanly (a lost one counts as exited); raise
@@ -208,14 +210,19 @@ class Monitor:
         """A finished worker waits, without heartbeats, for the others at the end of the run
         (`Runtime.leave_together`), for as long as they take: it is never hung for being
         quiet. A stopped one never leaves that wait, and its peers would wait for it for
-        good: past --hang-timeout the kernel's word that it is stopped makes it failed (lost
+        good: stopped for longer than --hang-timeout, as the kernel says, it failed (lost
         under `--on-failure continue`, and the others leave without it)."""
-        quiet = now - self._changed.get(rank, self.started)
-        if quiet > self.hang_timeout and _process_state(self.procs[rank].pid) in ("T", "t"):
+        if _process_state(self.procs[rank].pid) not in ("T", "t"):
+            self._stopped_since.pop(rank, None)
+            return
+        # Its heartbeat is quiet since it finished, however long ago: time the stop itself,
+        # so that a short one (a debugger, SIGSTOP then SIGCONT) is no failure.
+        since = self._stopped_since.setdefault(rank, now)
+        if now - since > self.hang_timeout:
             if self.output is not None:
                 self.output.mute()
             raise WorkerFailed(rank, f"was stopped (SIGSTOP or a debugger) while finishing, "
-                               f"after iteration {iteration}, and made no progress for "
+                               f"after iteration {iteration}, for more than "
                                f"{self.hang_timeout:g} s")
 
     def _loop_ended(self, rank: int) -> bool:
