@@ -56,7 +56,8 @@ def evaluate(model: nn.Module, data: TensorDataset) -> dict[str, float]:
     """Held-out loss and accuracy in eval mode (BatchNorm's running statistics)."""
     was_training = model.training
     model.eval()
-    x, y = data.tensors
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in data.tensors)
     logits = model(x)
     model.train(was_training)
     return {
@@ -82,7 +83,7 @@ def main() -> None:
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
 
     torch.manual_seed(args.seed)  # the same model on every rank
-    net = build_model(args.hidden)
+    net = build_model(args.hidden).to(runtime.device)  # hetsync: this worker's device
     optimizer = torch.optim.SGD(
         param_groups(net, args.weight_decay), lr=args.lr, momentum=args.momentum
     )
@@ -92,6 +93,7 @@ def main() -> None:
     )
 
     for xb, yb in optimizer.iterate(loader, epochs=args.epochs):  # hetsync: stops together
+        xb, yb = xb.to(runtime.device), yb.to(runtime.device)
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(xb), yb)
         loss.backward()

@@ -85,7 +85,8 @@ def evaluate(model: nn.Module, data: TensorDataset) -> dict[str, float]:
     """Held-out cross-entropy (nats per character) and next-character accuracy."""
     was_training = model.training
     model.eval()
-    inputs, targets = data.tensors
+    device = next(model.parameters()).device
+    inputs, targets = (t.to(device) for t in data.tensors)
     logits = model(inputs)
     model.train(was_training)
     return {
@@ -115,7 +116,7 @@ def main() -> None:
     loader = DataLoader(train, batch_size=args.batch_size, sampler=sampler)
 
     torch.manual_seed(args.seed)  # the same model on every rank
-    net = CharGRU(vocab, args.embedding, args.hidden, args.layers)
+    net = CharGRU(vocab, args.embedding, args.hidden, args.layers).to(runtime.device)
     optimizer = (torch.optim.Adam(net.parameters(), lr=args.lr) if args.optimizer == "adam"
                  else torch.optim.SGD(net.parameters(), lr=args.lr, momentum=0.9))
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, args.epochs * len(loader))
@@ -124,6 +125,7 @@ def main() -> None:
     )
 
     for inputs, targets in optimizer.iterate(loader, epochs=args.epochs):  # hetsync
+        inputs, targets = inputs.to(runtime.device), targets.to(runtime.device)
         optimizer.zero_grad()
         loss = loss_of(model(inputs), targets)
         loss.backward()
