@@ -88,4 +88,4 @@ def test_the_paper_suite_runs_the_papers_prague_beside_the_overlapped_default(tm
             assert "overlapped" in variant.about and "combine-then-adapt" in variant.about
     legend = "\n".join(legend_lines(runs))
     assert "- `prague-paper`: the Prague paper's loop" in legend
-    assert "- `prague`: Prague's ready groups, overlapped: D-PSGD's" in legend
+    assert "- `prague`: Prague with ready groups, overlapped: D-PSGD's" in legend

@@ -83,8 +83,8 @@ class Suite:
 
 PRAGUE_RANDOM = {"protocol": "prague", "gg_policy": "random"}
 #: What `--overlap` (Prague's default) makes of a Prague variant: not the paper's update.
-OVERLAPPED = ("Prague's {}, overlapped: D-PSGD's combine-then-adapt update with one-step-stale "
-              "averages (docs/hop-prague.md)")
+OVERLAPPED = ("Prague with {}, overlapped: D-PSGD's combine-then-adapt update with "
+              "one-step-stale averages (docs/hop-prague.md)")
 
 #: Every protocol hetsync has, with the variants the papers evaluate. Decentralized protocols
 #: use their default graph, the ring.
