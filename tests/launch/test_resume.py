@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.parametrize(("protocol", "workers"), [
-    ("allreduce", 2),
+    pytest.param("allreduce", 2, marks=pytest.mark.slow),  # CI time: hop's resumes
     ("hop", 3),
     pytest.param("prague", 3, marks=pytest.mark.slow),  # overlapped (the default)
 ])

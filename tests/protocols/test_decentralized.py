@@ -17,7 +17,8 @@ HAS_FASHION = any(d.is_dir() for d in FASHION_MNIST_DIRS)
 
 
 @pytest.mark.parametrize(
-    ("protocol", "topology"), [("dpsgd", "ring"), ("dpsgd", "exponential"), ("adpsgd", "ring")]
+    ("protocol", "topology"), [pytest.param("dpsgd", "ring", marks=pytest.mark.slow),
+                               ("dpsgd", "exponential"), ("adpsgd", "ring")]
 )
 def test_zero_lr_conserves_the_sum_and_reaches_consensus(
     protocol, topology, check_zero_lr_consensus
@@ -44,6 +45,7 @@ def test_zero_lr_conserves_the_sum_in_a_few_iterations(
                                 consensus=False, script_args=("steps=3",))
 
 
+@pytest.mark.slow  # CI time; D-PSGD's agreed stop is also checked by its zero-lr runs
 def test_dpsgd_stops_together_under_random_slowdown(train_run):
     result = train_run(protocol="dpsgd", workers=5, max_time=4, step_time=5.0,
                        slowdown="random:p=0.2,factor=4", stop_at_target=False)
@@ -51,6 +53,7 @@ def test_dpsgd_stops_together_under_random_slowdown(train_run):
     assert result.summary["stop_reason"] == "max_time"
 
 
+@pytest.mark.slow  # CI time; the fault fuzz's AD-PSGD cases run its threads too
 def test_adpsgd_a_thousand_averages_with_random_delays_no_deadlock(train_run):
     result = train_run(protocol="adpsgd", workers=8, max_iterations=260, step_time=2.0,
                        slowdown="random:p=0.1,factor=4", stop_at_target=False)
@@ -62,6 +65,7 @@ def test_adpsgd_a_thousand_averages_with_random_delays_no_deadlock(train_run):
     assert result.summary["iterations"] == [260] * 8
 
 
+@pytest.mark.slow  # CI time: the launcher's deadlock detection has its own tests (launch/)
 def test_naive_adpsgd_deadlocks_and_is_caught(tmp_path):
     started = time.monotonic()
     with pytest.raises(WorkerFailed, match="deadlock"):
@@ -73,11 +77,13 @@ def test_naive_adpsgd_deadlocks_and_is_caught(tmp_path):
 @pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
 @pytest.mark.parametrize(
     ("protocol", "options"),
-    # D-PSGD's iterates are Hop's with nothing relaxed (tests/protocols/hop), and sync PS
-    # learns in tests/protocols/ps: those two behind slow, for CI time.
-    [pytest.param("dpsgd", {}, marks=pytest.mark.slow), ("adpsgd", {}),
+    # Behind slow, for CI time: D-PSGD's iterates are Hop's with nothing relaxed
+    # (tests/protocols/hop, which learns), PS learns in tests/protocols/ps, AD-PSGD in the
+    # bench tests' runs.
+    [pytest.param("dpsgd", {}, marks=pytest.mark.slow),
+     pytest.param("adpsgd", {}, marks=pytest.mark.slow),
      pytest.param("ps", {"ps_mode": "sync"}, marks=pytest.mark.slow),
-     ("ps", {"ps_mode": "async"})],
+     pytest.param("ps", {"ps_mode": "async"}, marks=pytest.mark.slow)],
 )
 @pytest.mark.parametrize("workload", ["svm", pytest.param("cnn", marks=pytest.mark.slow)])
 def test_loss_falls_on_real_workloads(protocol, options, workload, train_run, loss_fell):

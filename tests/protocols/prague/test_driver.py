@@ -22,9 +22,10 @@ BETWEEN = {"overlap": False}  # P-Reduces between steps, as before --overlap
 
 
 @pytest.mark.parametrize(
-    "options", [{"gg_policy": "random"}, {"schedule": "static"}, {"group_size": 2},
+    "options", [pytest.param({"gg_policy": "random"}, marks=pytest.mark.slow),
+                {"schedule": "static"}, {"group_size": 2},
                 {"gg_policy": "random", "group_buffer": True}, {"group_size": 2, **BETWEEN},
-                {"gg_policy": "random", **BETWEEN}],
+                pytest.param({"gg_policy": "random", **BETWEEN}, marks=pytest.mark.slow)],
     ids=["random groups", "static schedule", "ready groups", "paper", "ready between steps",
          "random between steps"],
 )
