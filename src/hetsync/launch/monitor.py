@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hetsync.errors import LOOP_ENDED, WorkerFailed, is_follow_on
-from hetsync.launch.output import OutputRelay
+from hetsync.launch.output import TAIL_LINES, OutputRelay
 from hetsync.transport.lost_workers import LOST_KEY
 
 __all__ = ["Monitor", "Progress"]
@@ -38,8 +38,6 @@ __all__ = ["Monitor", "Progress"]
 #: Once one worker has sent a heartbeat, the others get this long from the launch (import
 #: torch, load data, join the group) before their missing heartbeat counts as a hang.
 STARTUP_ALLOWANCE_S = 90.0
-#: Lines of a worker's output shown when it failed without writing a traceback.
-OUTPUT_TAIL_LINES = 30
 
 
 @dataclass
@@ -285,7 +283,7 @@ class Monitor:
             lines = out.read_text(errors="replace").splitlines()
         if not lines:
             return "(no traceback was written)"
-        tail = "\n".join(lines[-OUTPUT_TAIL_LINES:])
+        tail = "\n".join(lines[-TAIL_LINES:])
         return (f"no traceback was written; its last {what} (all of it in logs/rank{rank}.out):"
                 f"\n{tail}")
 

@@ -26,7 +26,7 @@ __all__ = ["OutputRelay"]
 
 #: Longer lines are shown in pieces (a worker redrawing its own bar with "\r", say).
 MAX_LINE = 1 << 16
-#: Lines of each stream kept for a failure report.
+#: Lines of each stream kept for a failure report (the monitor shows as many).
 TAIL_LINES = 30
 
 
@@ -59,10 +59,11 @@ class _Stream:
 
     def _show(self, line: bytes) -> None:
         self.copy.write(line + b"\n")
-        self.tail.append(line.decode(errors="replace"))
+        text = line.decode(errors="replace")
+        self.tail.append(text)
         if self.muted:
             return
-        shown = line.decode(errors="replace").rstrip("\r").rsplit("\r", 1)[-1]  # as a tty would
+        shown = text.rstrip("\r").rsplit("\r", 1)[-1]  # as a tty would
         try:
             tqdm.write(f"[rank {self.rank}] {shown}",
                        file=sys.stderr if self.to_stderr else sys.stdout)
