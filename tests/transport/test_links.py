@@ -1,6 +1,6 @@
 """The links (hetsync.transport.links): buffers are packed onto the wire device and checked
 there before every operation; messages are the bytes they always were. On a real world of
-one over gloo (a HashStore), and two real processes for the receives from any source. The
+one over gloo (a HashStore), and two real processes for point-to-point transfers. The
 `meta` device stands in for a device other than the wire's (a GPU on a gloo wire)."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _tensors(dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("op", ["all_reduce", "broadcast", "send", "recv", "isend", "irecv",
-                                "recv_any", "post", "exchange"])
+                                "post", "exchange"])
 def test_a_buffer_off_the_wire_never_reaches_the_process_group(op):
     link = Link("host", None, torch.device("cpu"))
     buffer = torch.zeros(4, device=META)
@@ -54,7 +54,6 @@ def test_a_buffer_off_the_wire_never_reaches_the_process_group(op):
             "broadcast": lambda: link.broadcast(buffer, 0),
             "send": lambda: link.send(buffer, 1), "recv": lambda: link.recv(buffer, 1),
             "isend": lambda: link.isend(buffer, 1), "irecv": lambda: link.irecv(buffer, 1),
-            "recv_any": lambda: link.recv_any(buffer, 7),
             "post": lambda: link.post([(buffer, 1)], [], 7),
             "exchange": lambda: link.exchange([], [(buffer, 1)], 7)}[op]
     with pytest.raises(WireDeviceError, match=r"the host link \(gloo\) carries buffers on cpu, "
@@ -134,7 +133,7 @@ def test_ddp_under_nccl_with_a_model_on_the_cpu_is_a_config_error():
         DDP(runtime, model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
-# --- two processes: receives from any source, batched exchanges, sends ----------------------
+# --- two processes: batched exchanges, sends and receives ----------------------
 def _pair(rank: int, port: int, out: Path) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
@@ -148,14 +147,13 @@ def _pair(rank: int, port: int, out: Path) -> None:
     link.exchange([(mine, other)], [(theirs, other)], tag=5)
     got = link.empty(frame)
     if rank == 0:
-        source = link.recv_any(got, tag=6)
-        link.send(mine, source, tag=7)
+        link.recv(got, 1, tag=6)
+        link.send(mine, 1, tag=7)
     else:
         link.send(mine, 0, tag=6)
         link.recv(got, 0, tag=7)
-        source = 0
     link.barrier()
-    torch.save({"exchanged": theirs, "got": got, "source": source}, out / f"rank{rank}.pt")
+    torch.save({"exchanged": theirs, "got": got}, out / f"rank{rank}.pt")
     dist.destroy_process_group()
 
 
@@ -166,7 +164,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
-def test_two_processes_exchange_and_receive_from_any_source(tmp_path):
+def test_two_processes_exchange_send_and_receive(tmp_path):
     context = mp.start_processes(_pair, args=(_free_port(), tmp_path), nprocs=2, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + 60.0
@@ -182,4 +180,3 @@ def test_two_processes_exchange_and_receive_from_any_source(tmp_path):
         assert frame.header(saved["exchanged"]) == (other, 2**40)
         assert frame.payload(saved["exchanged"]).tolist() == [other + 0.5] * 3
         assert frame.header(saved["got"]) == (other, 2**40)
-        assert saved["source"] == (1 if rank == 0 else 0)

@@ -85,35 +85,3 @@ def test_a_failing_callback_is_reported_and_later_losses_still_reach_every_subsc
     with pytest.raises(RuntimeError, match="reacting to a lost worker failed.*cannot drop rank 1"):
         lost.raise_error()
     lost.close()
-
-
-def test_a_receive_from_any_source_retries_a_burst_of_follow_on_failures_once_a_loss_is_known():
-    store = dist.HashStore()
-    lost = LostWorkers(store, world_size=4, confirm_timeout=1.0)
-    closed = RuntimeError("Connection closed by peer [127.0.0.1]:29411")
-    failures = iter([closed] * 20)  # a burst longer than the count-based bound had allowed
-
-    def receive() -> int:
-        error = next(failures, None)
-        if error is not None:
-            raise error
-        return 2
-
-    with pytest.raises(RuntimeError, match="closed by peer"):
-        lost.retrying(receive)  # no loss declared within the detection time: the error is real
-    store.set(LOST_KEY, "1")
-    assert lost.retrying(receive) == 2  # the rest of the burst, then the message
-
-    def broken() -> int:
-        raise closed
-
-    began = time.monotonic()
-    with pytest.raises(RuntimeError, match="closed by peer"):
-        lost.retrying(broken)  # a failure that never ends: given up after 3 detection times
-    assert 3.0 <= time.monotonic() - began < 6.0
-
-    def other() -> int:
-        raise RuntimeError("Bad address")
-
-    with pytest.raises(RuntimeError, match="Bad address"):
-        lost.retrying(other)  # not a follow-on error: raised at once

@@ -8,8 +8,10 @@ A worker has two links (`Links`, built once by `hetsync.transport.runtime.init`)
 - ``direct``: the default process group, for collectives and sends to known peers (all-reduce,
   DDP's hook, D-PSGD, P-Reduce, the model broadcast and average). Its buffers live on the
   compute device under NCCL (they stay on the GPU), in host memory under gloo.
-- ``host``: a gloo group on host memory (the default group on gloo runs), for receives from any
-  source, which NCCL has not: Hop, AD-PSGD, the parameter server, Prague's Group Generator.
+- ``host``: a gloo group on host memory (the default group on gloo runs), for the protocols
+  whose receivers take messages from several peers as they come (Hop, AD-PSGD, the parameter
+  server, Prague's Group Generator: `hetsync.transport.peer_streams`): those receive on
+  threads, and NCCL's point-to-point calls belong on the thread of their stream.
 
 Packing (`flat`, `pack`) and unpacking (`unpack_into`) copy between the model's tensors, on
 whatever device the model is, and the wire. Where the wire is the host and a tensor is on a
@@ -44,8 +46,8 @@ class WireDeviceError(ValueError):
 
 class Link:
     """One kind of traffic: its process group (None: the default one) and its wire `device`,
-    where buffers travel. `lost`, where workers may be lost, makes `recv_any` retry after a
-    failure that a peer's death explains."""
+    where buffers travel. `lost`: the run's lost workers, where workers may be lost (a
+    receiver asks it whether a failed receive's peer was lost)."""
 
     def __init__(self, name: str, group: dist.ProcessGroup | None, device: torch.device,
                  lost: LostWorkers | None = None) -> None:
@@ -158,16 +160,6 @@ class Link:
         for work in self.post(sends, receives, tag):
             work.wait()
 
-    def recv_any(self, tensor: torch.Tensor, tag: int) -> int:
-        """Receive from any source (gloo only); returns the source. Where workers may be lost,
-        a failure that a peer's death explains is retried (`LostWorkers.retrying`)."""
-        self.check(tensor, "recv_any")
-
-        def receive() -> int:
-            return dist.recv(tensor, src=None, group=self.group, tag=tag)
-
-        return receive() if self.lost is None else self.lost.retrying(receive)
-
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 
@@ -194,7 +186,7 @@ class Link:
 @dataclass(frozen=True)
 class Links:
     """A worker's links: `direct` (the default group on the compute device under NCCL, the
-    host under gloo) and `host` (gloo on host memory: receives from any source). The default,
+    host under gloo) and `host` (gloo on host memory: receives on threads). The default,
     for a run without `init()` (tests), is gloo's: both the default group on the host."""
 
     direct: Link = field(default_factory=Link.default)

@@ -8,8 +8,6 @@ store (hetsync.launch.monitor). A worker's protocol learns of them here, two way
   (a Hop worker stops waiting for its updates, the Group Generator stops grouping it, ...);
 - `confirm(rank)`: a transfer with `rank` failed; wait until the launcher says whether it
   is lost (then the protocol goes on without it) or not (then the error is real);
-- `retrying(receive)`: a receive from any source, which a peer dying in the middle of its
-  message fails ("Connection reset by peer") while the other peers' messages still come.
 
 A peer's process can die before the launcher notices (its connections close at once), so a
 failed transfer always asks; a peer that stops answering is only known from the launcher.
@@ -31,15 +29,10 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from hetsync.errors import is_follow_on
-
 __all__ = ["LOST_KEY", "LostWorkers", "unless_lost"]
 
 LOST_KEY = "lost"
 POLL_S = 0.1
-RETRY_S_PER_CONFIRM = 3.0
-"""For how many detection times (`confirm_timeout`) a receive from any source keeps trying
-through failures that declared losses explain."""
 
 
 def unless_lost(lost: LostWorkers | None, peer: int, transfer: Callable[[], object]) -> bool:
@@ -110,30 +103,6 @@ class LostWorkers:
             if time.monotonic() > deadline:
                 raise error
             time.sleep(POLL_S)
-
-    def retrying(self, receive: Callable[[], int]) -> int:
-        """`receive()` (a receive from any source: `Link.recv_any`), tried again after a
-        failure that a peer's death explains: the launcher declares a rank lost within
-        `confirm_timeout` (otherwise the error is real and raised). A dead peer fails a burst
-        of receives, not one: one per operation gloo had pending with it, and, in a worker
-        that was stopped while the peer died, every receive until gloo's own thread has
-        caught up with the closed connection (seen: more than 16 in a row). So the bound is a
-        time, `RETRY_S_PER_CONFIRM` detection times from the first failure, not a count."""
-        give_up: float | None = None
-        while True:
-            try:
-                return receive()
-            except RuntimeError as error:
-                now = time.monotonic()
-                give_up = give_up or now + RETRY_S_PER_CONFIRM * self.confirm_timeout
-                if not is_follow_on(str(error)) or now > give_up:
-                    raise
-                deadline = now + self.confirm_timeout
-                while not self.refresh():
-                    if time.monotonic() > deadline:
-                        raise
-                    time.sleep(POLL_S)
-                time.sleep(POLL_S)
 
     def close(self) -> None:
         """Stop watching, before the store goes: a watcher still reading it while the

@@ -66,8 +66,9 @@ class Runtime:
     """True under `hetsync launch`/`train`, whose parent process monitors and evaluates."""
     host_group: dist.ProcessGroup | None = None
     """Where messages in host memory go: the default group on gloo (None); under NCCL a gloo
-    group of all ranks, for what NCCL cannot do (receive from any source: ps, adpsgd, hop,
-    Prague's Group Generator). Buffers sent there are staged through host memory."""
+    group of all ranks, for the messages received on threads from several peers (ps,
+    adpsgd, hop, Prague's Group Generator: `PeerStreams`). Buffers sent there are staged
+    through host memory."""
     clock_started: threading.Event = dataclasses.field(default_factory=threading.Event)
     """Set once `t0` is the run's (receiver threads may get a message before that)."""
     lost: LostWorkers | None = None

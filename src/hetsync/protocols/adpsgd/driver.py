@@ -71,6 +71,7 @@ from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import unless_lost
+from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32
@@ -91,7 +92,7 @@ class ADPSGD(Protocol):
         self.tensors = model_tensors(model)
         self.frame = Frame.of(self.tensors, words=1)
         self.drift = BufferDrift(model)
-        self.link = runtime.links.host  # any-source receives: gloo, on host memory
+        self.link = runtime.links.host  # receives on threads: gloo, on host memory
         neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
         self.core = ADPSGDCore(rank, neighbours, naive=config.adpsgd_mode == "naive",
                                rng=random.Random(f"adpsgd/{config.seed}/{rank}"))
@@ -247,11 +248,13 @@ class ADPSGD(Protocol):
     # --- the passive side, on the receiver thread -----------------------------------------------
     def _serve(self) -> None:
         try:
-            buffer = self._message(_BYE)
             nbytes = self.network.scaled(self.frame.payload_bytes) if (
                 self.network is not None) else 0.0
-            while True:
-                source = self.link.recv_any(buffer, _REQUEST_TAG)
+            requests = PeerStreams(self.link, self.core.clients, _REQUEST_TAG,
+                                   partial(self.link.empty, self.frame),
+                                   lambda message: self.frame.header(message) == (_BYE,),
+                                   reuse=True, name="adpsgd-passive")
+            for source, buffer in requests:
                 if self.frame.header(buffer) == (_BYE,):
                     with self.cond:  # dropped if the core counts the client lost already
                         self._execute(self.core.handle(ByeReceived(src=source)))

@@ -2,8 +2,9 @@
 
 Theory of operation. The decisions (may this worker start iteration k, which updates does it
 average, when does it skip) are made by `HopCore`; this module only moves messages and
-tensors. Each worker runs up to two receiver threads, one for tagged models from any
-in-neighbour and one for tokens from any out-neighbour (gloo's any-source receive). They
+tensors. Each worker runs up to two receiver threads, one for tagged models from its
+in-neighbours and one for tokens from its out-neighbours (each over `PeerStreams`: a receive
+per neighbour, so a neighbour's death fails only its own). They
 turn messages into core events on an inbox queue and never block a sender: a model is
 buffered as soon as it arrives, and the core frees it (`Drop`) when no iteration can use it.
 The training thread owns the core:
@@ -65,6 +66,7 @@ from hetsync.topology import build
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.lost_workers import unless_lost
+from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 _UPDATE_TAG, _TOKEN_TAG = 41, 42
@@ -86,7 +88,7 @@ class Hop(Protocol):
         self_weight, weights = topology.recv_weights(rank)
         self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, config.hop_config())
         self.tensors = model_tensors(model)
-        self.link = runtime.links.host  # any-source receives: gloo, on host memory
+        self.link = runtime.links.host  # receives on threads: gloo, on host memory
         self.timeout = runtime.wait_timeout
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
@@ -241,16 +243,14 @@ class Hop(Protocol):
         return not any(senders - self._lost for senders in self._open.values())
 
     def _receive(self, tag: int) -> None:
-        """Turn messages into events until every sender has sent its end marker (one that
-        was lost never does: the thread is then left waiting, as a daemon)."""
+        """Turn messages into events until every sender has sent its end marker or was
+        lost."""
         senders, frame = self._open[tag], self._frames[tag]
+        messages = PeerStreams(self.link, senders, tag, partial(self.link.empty, frame),
+                               lambda message: frame.header(message)[0] == _END, reuse=False,
+                               name=threading.current_thread().name)
         try:
-            while True:
-                with self._channels:
-                    if not senders - self._lost:
-                        return
-                buffer = self.link.empty(frame)
-                src = self.link.recv_any(buffer, tag)
+            for src, buffer in messages:
                 header = frame.header(buffer)[0]
                 if self.network is not None and header != _END:
                     self._charge_network(src, tag, buffer)

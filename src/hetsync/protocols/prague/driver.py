@@ -87,6 +87,7 @@ from hetsync.protocols.prague.worker import (
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import unless_lost
+from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.preduce import make_preducer
 from hetsync.transport.runtime import Runtime
 
@@ -114,7 +115,7 @@ class Prague(Protocol):
         config, rank = runtime.config, runtime.rank
         self.rank, self.timeout = rank, runtime.wait_timeout
         self.tensors = model_tensors(model)
-        self._gg_link = runtime.links.host  # the GG's messages: any source, so gloo
+        self._gg_link = runtime.links.host  # the GG's messages, received on threads: gloo
         self.link = runtime.links.direct  # P-Reduces: known peers, on the GPU under NCCL
         kind = config.preduce if runtime.lost is None else "mesh"  # see the module doc
         self.preducer = make_preducer(kind, rank, runtime.world_size, store=runtime.store,
@@ -435,7 +436,7 @@ class _GroupGeneratorService:
         on_error: Callable[[BaseException], None],
     ) -> None:
         self.core = core
-        self.link = link  # the host link: receives from any source
+        self.link = link  # the host link: receives on threads
         self.runtime = runtime
         self.world = core.world
         self.deliver = deliver
@@ -456,14 +457,12 @@ class _GroupGeneratorService:
 
     def _receive(self) -> None:
         try:
-            remaining = self.world - 1
-            while remaining:
-                message = ToGG.empty()
-                src = self.link.recv_any(message, _TO_GG)
+            messages = PeerStreams(self.link, range(1, self.world), _TO_GG, ToGG.empty,
+                                   lambda message: ToGG.decode(message).kind == _BYE,
+                                   reuse=True, name="prague-gg-recv")
+            for src, message in messages:
                 to_gg = ToGG.decode(message)
-                kind, value, flag = float(to_gg.kind), to_gg.value, to_gg.flag
-                remaining -= kind == _BYE
-                self.put(src, kind, value, flag)
+                self.put(src, float(to_gg.kind), to_gg.value, to_gg.flag)
         except BaseException as error:  # noqa: BLE001 - reported by the serving thread
             self.error = error
             self.put(-1, _BYE, 0, 0.0)

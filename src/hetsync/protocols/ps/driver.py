@@ -21,8 +21,9 @@ and waits for the reply, a buffer of the same size
     [new model version, staleness, stop flag, model..., buffers...]
 
 which it copies into its parameters and buffers; its own optimizer step is skipped. Remote
-workers use `send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them with an
-any-source `recv`, which NCCL has not: these messages go over the runtime's host link (gloo),
+workers use `send(tag=PUSH_TAG)` / `recv(tag=PULL_TAG)`; the thread serves them as they come,
+one receiving thread per remote worker (`PeerStreams`): these messages go over the runtime's
+host link (gloo),
 and the server's model and every message live in host memory whatever the model's device
 (staged by one copy each way; on CPU the same code copies nothing). Rank 0
 hands its message to the server object directly.
@@ -103,6 +104,7 @@ from hetsync.transport.flat import unflatten_into
 from hetsync.transport.header import Frame
 from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import LostWorkers, unless_lost
+from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 PUSH_TAG, PULL_TAG = 21, 22
@@ -235,13 +237,11 @@ class _Server:
         self._send(sends)
 
     def _serve(self) -> None:
-        buf = self.link.empty(self.frame)
+        pushes = PeerStreams(self.link, self.remote, PUSH_TAG, partial(self.link.empty, self.frame),
+                             lambda msg: self.frame.header(msg)[0] == _BYE, reuse=True,
+                             name="hetsync-ps")
         try:
-            while True:
-                with self.cond:
-                    if not self.remote:
-                        return
-                src = self.link.recv_any(buf, PUSH_TAG)
+            for src, buf in pushes:
                 bye = self.frame.header(buf)[0] == _BYE
                 if self.network is not None and not bye:  # pushes queue at rank 0's NIC
                     self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
@@ -344,7 +344,7 @@ class ParameterServer(Protocol):
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
         super().__init__(runtime, model, optimizer)
-        self.link = runtime.links.host  # the server receives from any source: gloo
+        self.link = runtime.links.host  # the server receives on threads: gloo
         self.sync = runtime.config.ps_mode == "sync"
         self.backup = runtime.config.ps_backup
         self.core = PSWorkerCore(runtime.rank, runtime.config.ps_mode, self.backup)

@@ -1,0 +1,87 @@
+"""Receives from each peer on its own (hetsync.transport.peer_streams), in three real processes:
+a peer that dies in the middle of its message takes no other peer's messages with it.
+
+With gloo's receive from any source, the same schedule fails every receive after the death
+(each on the dead peer's closed connection), so the live peer's sends never complete: the
+parameter server's defect that the fault fuzz found (seed 11, case 24)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hetsync.transport.links import Link
+from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
+from hetsync.transport.peer_streams import PeerStreams
+
+NUMEL = 1_000_000  # 4 MB: the dying peer is cut off in the middle of its message
+LIVE_MESSAGES = 3
+
+
+def _peers(rank: int, port: int, declared: bool, out: Path) -> None:
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=30)
+    store = dist.TCPStore("127.0.0.1", port, 3, rank == 0, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=3, timeout=timeout)
+    link = Link("host", None, torch.device("cpu"), LostWorkers(store, 3, confirm_timeout=3.0))
+    dist.barrier()
+    if rank == 2:  # dies while its message is on the wire; "the launcher" declares it lost
+        message = torch.full((NUMEL,), 2.0)
+        threading.Thread(target=link.send, args=(message, 0, 6), daemon=True).start()
+        time.sleep(0.05)
+        if declared:
+            store.set(LOST_KEY, "2")
+        os._exit(0)
+    if rank == 1:  # sends while the receiver is busy, after rank 2's death
+        time.sleep(0.3)
+        for k in range(LIVE_MESSAGES):
+            link.send(torch.full((NUMEL,), 10.0 + k), 0, tag=6)
+        link.send(torch.full((NUMEL,), -1.0), 0, tag=6)
+        os._exit(0)
+    time.sleep(1.0)  # busy: every message comes while no receive is posted
+    got: list[tuple[int, float]] = []
+    try:
+        for src, message in PeerStreams(link, [1, 2], 6, lambda: torch.empty(NUMEL),
+                                        lambda m: float(m[0]) < 0, reuse=True, name="test"):
+            got.append((src, float(message[0])))
+        outcome = "ended"
+    except RuntimeError as error:
+        outcome = f"raised: {error}"
+    torch.save({"got": got, "outcome": outcome}, out / "rank0.pt")
+    os._exit(0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("declared", [True, False], ids=["declared-lost", "not-declared"])
+def test_a_dead_peer_fails_only_its_own_stream(tmp_path, declared):
+    context = mp.start_processes(_peers, args=(_free_port(), declared, tmp_path), nprocs=3,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + 60.0
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("peer-stream test processes still running after 60 s")
+    result = torch.load(tmp_path / "rank0.pt")
+    live = [(src, value) for src, value in result["got"] if src == 1]
+    assert live == [(1, 10.0), (1, 11.0), (1, 12.0), (1, -1.0)]
+    if declared:  # its stream ends quietly: the protocol hears of the loss by subscription
+        assert result["outcome"] == "ended"
+    else:  # nobody says it is lost: the failed receive is a real error
+        assert result["outcome"].startswith("raised") and "Connection" in result["outcome"]
