@@ -1,0 +1,31 @@
+"""A protocol's named variants, declared by its own package (`<package>/variants.py`, a
+`VARIANTS` tuple of these): what the bench suites, the simulator's fuzz and the real-process
+fault fuzz run, so that a new protocol appears in all of them without a central list."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+__all__ = ["NamedVariant"]
+
+
+@dataclass(frozen=True)
+class NamedVariant:
+    """One way to run a protocol: a label (`hop-backup1`) and the run options it sets beyond
+    `protocol`, which its package implies."""
+
+    label: str
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    description: str = ""
+    """What a table should call it where the label alone would mislead (empty: the label)."""
+    default: bool = False
+    """The package's one variant in the suites that run one per protocol family."""
+    fuzz: bool = True
+    """Run by the simulator's schedule fuzz (`hetsync.simulator.fuzz`)."""
+    conserving: bool = False
+    """Its averaging conserves the sum of the models (checked by the fuzz with lr 0)."""
+    fault_fuzz: bool = False
+    """Run by the real-process fault fuzz (it must go on without a lost worker)."""
