@@ -34,7 +34,7 @@ from sim_calibration import from_runs
 from hetsync import cli
 from hetsync.bench.suites import EVERY_PROTOCOL, HETEROGENEITY, NETWORKS
 from hetsync.errors import ConfigError
-from hetsync.simulator.protocols import SIMULATED
+from hetsync.protocols.catalog import SIMULATED
 
 COMMAND = "python experiments/sim_validation.py"
 THROUGHPUT_TOLERANCE, TARGET_TOLERANCE = 0.15, 0.25

@@ -16,8 +16,8 @@ from hetsync.errors import ConfigError, Deadlock
 from hetsync.network.model import NetworkModel
 from hetsync.network.patterns import ring_allreduce
 from hetsync.network.spec import parse_network
+from hetsync.protocols.catalog import SIMULATED
 from hetsync.report import write_report
-from hetsync.simulator.protocols import SIMULATED
 from hetsync.simulator.run import SimOptions, build, run_events, simulate
 
 #: One variant per protocol, as the bench suites run them.

@@ -25,12 +25,17 @@ from hetsync.errors import ConfigError
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "check_protocol_options", "essential_ranks"]
+__all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "SIMULATED", "check_protocol_options",
+           "essential_ranks"]
 
 #: Names of the built-in protocols: the packages beside this module that have a driver.
 _HERE = Path(__file__).parent
 BUILTIN = tuple(sorted(info.name for info in pkgutil.iter_modules([str(_HERE)])
                        if info.ispkg and (_HERE / info.name / "driver.py").is_file()))
+
+#: The built-in protocols that have a simulation (`<package>/simulation.py`, with
+#: `build_workers(sim)`); only the simulator imports it (`hetsync.simulator.run.simulation`).
+SIMULATED = tuple(name for name in BUILTIN if (_HERE / name / "simulation.py").is_file())
 
 
 def _options_module(name: str) -> ModuleType | None:

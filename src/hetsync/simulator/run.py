@@ -9,9 +9,11 @@ simulation itself took. `hetsync report` therefore shows simulated and real runs
 from __future__ import annotations
 
 import gc
+import importlib
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,14 +34,13 @@ from hetsync.metrics import strict_json
 from hetsync.metrics.summary import summarize_rows, write_summary
 from hetsync.network.emulator import model_bytes
 from hetsync.network.spec import parse_payload
-from hetsync.protocols.catalog import essential_ranks
+from hetsync.protocols.catalog import SIMULATED, essential_ranks
 from hetsync.simulator.costs import LOCAL_NETWORK, SERVICE_S, Costs
 from hetsync.simulator.math import MathModel
-from hetsync.simulator.protocols import builder
-from hetsync.simulator.world import Simulation
+from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.workloads import get_workload
 
-__all__ = ["SimOptions", "build", "run_events", "simulate"]
+__all__ = ["SimOptions", "build", "run_events", "simulate", "simulation"]
 
 
 #: Memory of one simulated worker, timing only: measured about 6 KB at the start (1,000 to
@@ -74,10 +75,20 @@ def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
     sim = Simulation(config, costs, math=MathModel(config) if options.math else None)
     sim.service_s = {"group-generator": options.gg_service_us * 1e-6,
                      "parameter-server": options.ps_service_us * 1e-6}
-    sim.workers = builder(config.protocol)(sim)
+    sim.workers = simulation(config.protocol)(sim)
     for rank, at in kills:
         sim.kill(rank, at)
     return sim
+
+
+def simulation(protocol: str) -> Callable[[Simulation], list[SimWorker]]:
+    """The `build_workers` of `protocol`'s simulation: its package's `simulation.py`, imported
+    only here, so that real runs never load the simulator."""
+    if protocol not in SIMULATED:
+        raise ConfigError(f"hetsync simulate has no simulation of protocol {protocol!r} "
+                          f"(simulated: {', '.join(SIMULATED)})")
+    module = importlib.import_module(f"hetsync.protocols.{protocol}.simulation")
+    return module.build_workers  # type: ignore[no-any-return]
 
 
 def _kills(config: RunConfig) -> list[tuple[int, float]]:

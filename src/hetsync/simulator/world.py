@@ -1,9 +1,9 @@
 """What every simulated protocol shares: the clock, the costs, the stop rules and the records.
 
-A protocol's simulation (`hetsync.simulator.protocols`) builds one `SimWorker` per rank around
-the protocol's cores and turns their decisions into timed callbacks; this module keeps each
-worker's per-iteration row in the format real workers log (docs/run-directory.md), so that
-`hetsync report` reads simulated and real runs alike.
+A protocol's simulation (`hetsync.protocols.<name>.simulation`) builds one `SimWorker` per
+rank around the protocol's cores and turns their decisions into timed callbacks; this module
+keeps each worker's per-iteration row in the format real workers log (docs/run-directory.md),
+so that `hetsync report` reads simulated and real runs alike.
 
 Lost workers (`--fault kill:rank=R,at=T --on-failure continue`). At T the worker stops at
 once: its pending callbacks (compute, its own timers, messages it was yet to receive) do
