@@ -42,6 +42,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hetsync.cli import train_flags
+from hetsync.config import RunConfig
+from hetsync.protocols.catalog import all_variants, essential_ranks
+from hetsync.protocols.variant import NamedVariant
 from hetsync.report import write_report
 
 HETSYNC = [sys.executable, "-m", "hetsync.cli"]
@@ -50,20 +54,15 @@ HANG_TIMEOUT = 4.0
 OUTER_TIMEOUT = 300.0
 """Seconds a case may take before it counts as hung: a normal one takes 15 s on 2 idle cores
 and up to 2 minutes where a dozen other processes share them."""
-VARIANTS: dict[str, list[str]] = {
-    "hop": ["--protocol", "hop"],
-    "hop-backup1": ["--protocol", "hop", "--backup", "1"],
-    "hop-backup1-skip": ["--protocol", "hop", "--backup", "1", "--skip"],
-    "prague": ["--protocol", "prague"],
-    "prague-no-overlap": ["--protocol", "prague", "--no-overlap"],
-    "prague-buffer": ["--protocol", "prague", "--gg-policy", "random", "--group-buffer"],
-    "adpsgd": ["--protocol", "adpsgd"],
-    "ps-sync": ["--protocol", "ps", "--ps-mode", "sync"],
-    "ps-async": ["--protocol", "ps", "--ps-mode", "async"],
-    "ps-sync-backup1": ["--protocol", "ps", "--ps-mode", "sync", "--ps-backup", "1"],
-}
-ESSENTIAL = {"prague": {0}, "ps": {0}}
-"""The ranks each protocol cannot lose (hetsync.protocols.catalog.essential_ranks)."""
+#: The labels in the order the fuzz drew from before the variants moved into their packages
+#: (issue 23): a case draws its variant by position, so earlier seeds replay only in this
+#: order. Variants marked `fault_fuzz` since then follow, in the catalog's order.
+REPLAY_ORDER = ("hop", "hop-backup1", "hop-backup1-skip", "prague", "prague-no-overlap",
+                "prague-buffer", "adpsgd", "ps-sync", "ps-async", "ps-sync-backup1")
+#: The variants fuzzed: each protocol package's own, marked `fault_fuzz` in its variants.py.
+VARIANTS: dict[str, NamedVariant] = {variant.label: variant for variant in sorted(
+    (variant for variant in all_variants() if variant.fault_fuzz),
+    key=lambda v: REPLAY_ORDER.index(v.label) if v.label in REPLAY_ORDER else len(REPLAY_ORDER))}
 OK = ("ok", "ok-failed-as-expected")
 
 
@@ -86,7 +85,7 @@ class Case:
     loss_at_s: float
 
     def args(self, out: Path) -> list[str]:
-        args = ["train", *VARIANTS[self.variant], "--workload", "svm",
+        args = ["train", *train_flags(VARIANTS[self.variant].run_options), "--workload", "svm",
                 "--workers", str(self.workers), "--step-time", f"{self.step_ms:g}",
                 "--max-iterations", str(self.iterations), "--max-time", "60",
                 "--on-failure", "continue", "--hang-timeout", f"{HANG_TIMEOUT:g}",
@@ -99,11 +98,17 @@ class Case:
         return args
 
 
+def cannot_lose(variant: str, workers: int) -> frozenset[int]:
+    """The ranks `variant` cannot lose on `workers` workers (its package's `tolerate_loss`)."""
+    return essential_ranks(RunConfig(**{**VARIANTS[variant].run_options, "workers": workers,
+                                        "on_failure": "continue"}))
+
+
 def draw(seed: int, index: int, variants: list[str]) -> Case:
     """Case `index` of the fuzz seeded `seed` (its own generator: cases replay one by one)."""
     rng = random.Random(f"fault-fuzz/{seed}/{index}")
     variant = rng.choice(variants)
-    protocol = VARIANTS[variant][1]
+    protocol = VARIANTS[variant].protocol
     workers = rng.choice((4, 4, 4, 5, 6))
     if protocol == "adpsgd" and workers % 2:  # its ring must be bipartite (no extra draw:
         workers += 1                          # every other case replays as before)
@@ -112,7 +117,7 @@ def draw(seed: int, index: int, variants: list[str]) -> Case:
     slowdown = "none"
     if rng.random() < 0.3:
         slowdown = f"deterministic:ranks={rng.randrange(workers)},factor={rng.choice((2, 3))}"
-    essential = ESSENTIAL.get(protocol, set())
+    essential = cannot_lose(variant, workers)
     at = round(rng.uniform(0.2, 2.5), 2)
     if essential and rng.random() < 0.15:
         victim = rng.choice(sorted(essential))
@@ -195,7 +200,7 @@ def _log_tail(run_dir: Path) -> str:
 def known_defect(result: Outcome) -> str | None:
     """Which defect of issue 20 a failure looks like (the lead reruns these after the fixes)."""
     text = f"{result.last_line} {' '.join(result.problems)} {result.log_tail}"
-    protocol = VARIANTS[result.case.variant][1]
+    protocol = VARIANTS[result.case.variant].protocol
     if "receiver thread failed" in text and "Connection closed by peer" in text:
         return "a receiver thread took a lost peer's closed connection for an error"
     if "at the end of the run" in text:

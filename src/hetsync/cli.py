@@ -14,14 +14,14 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hetsync.config import OPTION_HELP, RunConfig, load_toml
 from hetsync.errors import ConfigError, Deadlock, WorkerFailed
-from hetsync.protocols.catalog import PROTOCOL_OPTIONS
+from hetsync.protocols.catalog import PROTOCOL_OPTIONS, TOLERATE_LOSS
 
-__all__ = ["main"]
+__all__ = ["main", "train_flags"]
 
 #: What each RunConfig field means: the help of its flag, and its row in docs/configuration.md.
 _RUN_HELP = {
@@ -65,7 +65,8 @@ _RUN_HELP = {
     "fault": "inject failures: kill:rank=R,at=20s | stop:rank=R,at=10s[,for=5s] | "
     "raise:rank=R,at=ITER | hang:rank=R,at=ITER, joined by ';' (tests, experiments)",
     "on_failure": "a lost worker (dead, stopped or hung): stop the run, or continue without it "
-    "(hop, prague with the Group Generator, adpsgd, ps; see docs/failures.md)",
+    f"({', '.join(TOLERATE_LOSS)}, some not under every option of theirs; see "
+    "docs/failures.md)",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",
@@ -140,6 +141,21 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
         else:
             parser.add_argument(flag, dest=f.name, type=_flag_type(f),
                                 default=argparse.SUPPRESS, help=help_text)
+
+
+def train_flags(options: Mapping[str, object]) -> list[str]:
+    """The `hetsync train` flags that set these run options (RunConfig fields), as
+    `_add_run_options` names them: for a command that a person can rerun as printed."""
+    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    flags: list[str] = []
+    for name, value in options.items():
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            if value != defaults[name]:
+                flags.append(flag if value else "--no-" + flag[2:])
+        else:
+            flags += [flag, str(value)]
+    return flags
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,8 +30,9 @@ def test_cases_replay_from_their_seed(ff) -> None:
     cases = [ff.draw(3, i, variants) for i in range(200)]
     assert len({c.variant for c in cases}) == len(variants)
     for case in cases:  # an essential rank is lost only where the protocol has one
-        protocol = ff.VARIANTS[case.variant][1]
-        assert case.essential_lost in (None, *ff.ESSENTIAL.get(protocol, ()))
+        assert case.essential_lost in (None, *ff.cannot_lose(case.variant, case.workers))
+    assert {ff.VARIANTS[c.variant].protocol for c in cases if c.essential_lost is not None} == {
+        "prague", "ps"}
 
 
 def test_summary_with_nan_is_not_strict_json(ff, tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ from types import MappingProxyType
 from typing import Any
 
 from hetsync.errors import ConfigError
+from hetsync.protocols.catalog import BUILTIN, all_variants
+from hetsync.protocols.prague.variants import OVERLAPPED
 
 __all__ = [
     "EVERY_PROTOCOL", "GPU", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
@@ -81,49 +83,30 @@ class Suite:
         return setting.variants if setting.variants is not None else self.variants
 
 
-PRAGUE_RANDOM = {"protocol": "prague", "gg_policy": "random"}
-#: What `--overlap` (Prague's default) makes of a Prague variant: not the paper's update.
-OVERLAPPED = ("Prague with {}, overlapped: D-PSGD's combine-then-adapt update with "
-              "one-step-stale averages (docs/hop-prague.md)")
-
-#: Every protocol hetsync has, with the variants the papers evaluate. Decentralized protocols
-#: use their default graph, the ring.
-EVERY_PROTOCOL = (
-    Variant.of("allreduce", protocol="allreduce"),
-    Variant.of("ddp", protocol="ddp"),
-    Variant.of("ps-sync", protocol="ps", ps_mode="sync"),
-    Variant.of("ps-async", protocol="ps", ps_mode="async"),
-    Variant.of("dpsgd", protocol="dpsgd"),
-    Variant.of("adpsgd", protocol="adpsgd"),
-    Variant.of("hop", protocol="hop"),
-    Variant.of("hop-notify-ack", protocol="hop", hop_mode="notify-ack"),
-    Variant.of("hop-backup1", protocol="hop", backup=1),
-    Variant.of("hop-staleness2", protocol="hop", staleness=2),
-    # On an undirected ring with no backup worker nobody can fall behind: skipping needs one.
-    Variant.of("hop-skip", protocol="hop", backup=1, skip=True),
-    # The default: groups of ready workers, P-Reduces beside the next step's compute.
-    Variant.of("prague", OVERLAPPED.format("ready groups"), protocol="prague"),
-    Variant.of("prague-no-overlap", "Prague's ready groups, P-Reduce between steps (the "
-               "default before issue 15)", protocol="prague", overlap=False),
-    Variant.of("prague-static", OVERLAPPED.format("static schedule"), protocol="prague",
-               schedule="static"),
-    Variant.of("prague-random", OVERLAPPED.format("random groups"), **PRAGUE_RANDOM),
-    # The Prague paper's loop: random groups, Group Buffer as the docs read it, and the
-    # P-Reduce between steps (members leave it holding the group average).
-    Variant.of("prague-paper", "the Prague paper's loop: random groups, Group Buffer, "
-               "P-Reduce between steps", **PRAGUE_RANDOM, group_buffer=True, overlap=False),
-    Variant.of("prague-paper-overlap", OVERLAPPED.format("the paper's random groups + Group "
-               "Buffer"), **PRAGUE_RANDOM, group_buffer=True),
-    Variant.of("prague-division2", OVERLAPPED.format("random groups, Group Division 2"),
-               **PRAGUE_RANDOM, group_division=2),
-    # Synchronous SGD that waits for the fastest n-1 workers (Chen et al. 2016).
-    Variant.of("ps-backup1", protocol="ps", ps_mode="sync", ps_backup=1),
-)
+#: Every protocol hetsync has, with the variants the papers evaluate: each protocol package's
+#: own (its variants.py), package by package. Decentralized protocols use their default graph,
+#: the ring.
+EVERY_PROTOCOL = tuple(Variant(v.label, MappingProxyType(dict(v.run_options)), v.description)
+                       for v in all_variants() if v.bench)
 _BY_LABEL = {variant.label: variant for variant in EVERY_PROTOCOL}
 
 
 def _pick(*labels: str) -> tuple[Variant, ...]:
     return tuple(_BY_LABEL[label] for label in labels)
+
+
+def _families(**picks: tuple[str | Variant, ...]) -> tuple[Variant, ...]:
+    """One variant per protocol family: each package's default, or what `picks` names for it
+    (labels or variants; `()` leaves the family out), package by package. A new package joins
+    every suite made with this, without an edit here."""
+    if unknown := set(picks) - set(BUILTIN):
+        raise ValueError(f"no protocol package {', '.join(sorted(unknown))}")
+    chosen: list[Variant] = []
+    for protocol in BUILTIN:
+        default = [v.label for v in all_variants() if v.protocol == protocol and v.default]
+        chosen += [_BY_LABEL[p] if isinstance(p, str) else p for p in picks.get(protocol,
+                                                                                  default)]
+    return tuple(chosen)
 
 
 ONE_5X_SLOW = "deterministic:ranks=3,factor=5"
@@ -139,10 +122,9 @@ HEADLINE = Suite(
     name="headline",
     description="who wins homogeneous and under one 5x slow worker, by how much (default)",
     settings=(
-        Setting("homogeneous", variants=_pick(
-            "allreduce", "ddp", "ps-sync", "adpsgd", "hop-skip", "prague", "prague-paper")),
-        Setting("one 5x slow", ONE_5X_SLOW, variants=_pick(
-            "allreduce", "adpsgd", "hop-skip", "prague", "prague-paper")),
+        Setting("homogeneous", variants=_families(dpsgd=(), prague=("prague", "prague-paper"))),
+        Setting("one 5x slow", ONE_5X_SLOW, variants=_families(
+            ddp=(), ps=(), dpsgd=(), prague=("prague", "prague-paper"))),
     ),
     variants=(),
     target_loss={"cnn": 0.5, "svm": 0.15},
@@ -155,7 +137,7 @@ SMOKE = Suite(
     description="three workers, a few seconds per run: checks that the bench works here",
     settings=(Setting("homogeneous", workers=3),
               Setting("one 5x slow", "deterministic:ranks=1,factor=5", workers=3)),
-    variants=_pick("allreduce", "ddp", "hop-skip"),
+    variants=_families(ps=(), dpsgd=(), adpsgd=(), prague=()),
     target_loss={"cnn": 0.8, "svm": 0.16},
     max_time=10.0,
 )
@@ -182,8 +164,8 @@ NETWORKS = {"10Gbit": "bandwidth=10Gbit,latency=50us",
 HETEROGENEITY = {"homogeneous": "none", "one 5x slow": ONE_5X_SLOW,
                  "random x4": "random:p=0.1,factor=4"}
 #: Every family's best variant, the paper's Prague beside the default, the new baseline.
-REGIME_VARIANTS = _pick("allreduce", "ps-backup1", "adpsgd", "hop-skip", "prague",
-                        "prague-paper")
+REGIME_VARIANTS = _families(ddp=(), dpsgd=(), ps=("ps-backup1",),
+                            prague=("prague", "prague-paper"))
 
 
 def _regimes(payloads: tuple[str, ...], networks: tuple[str, ...], heterogeneity: tuple[str, ...],
@@ -258,18 +240,20 @@ def _real(workers: int, slow_rank: int, workloads: tuple[str, ...]) -> tuple[Set
 
 
 #: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs.
+def _pairs(label: str, about: str) -> Variant:
+    return Variant(label, MappingProxyType({**_BY_LABEL[label].options, "group_size": 2}), about)
+
+
 _PAIRS = (
-    Variant.of("prague", OVERLAPPED.format("ready pairs"), protocol="prague", group_size=2),
-    Variant.of("prague-paper", "the Prague paper's loop with pairs: random groups, Group "
-               "Buffer, P-Reduce between steps", **PRAGUE_RANDOM, group_size=2,
-               group_buffer=True, overlap=False),
+    _pairs("prague", OVERLAPPED.format("ready pairs")),
+    _pairs("prague-paper", "the Prague paper's loop with pairs: random groups, Group Buffer, "
+           "P-Reduce between steps"),
 )
 REAL = Suite(
     "real", "real compute, 8 pinned workers (a 16-core machine): every protocol homogeneous and "
     f"with rank 3 at a {SHARE:g} CPU share, against one worker alone",
     _real(8, 3, REAL_WORKLOADS),
-    _pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop-skip", "prague",
-          "prague-paper"),
+    _families(ps=("ps-async",), prague=("prague", "prague-paper")),
     target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=35.0, real=True,
     run_options=MappingProxyType({"pin": True}),
 )
@@ -277,7 +261,7 @@ REAL_SMALL = Suite(
     "real-small", "real compute, 2 pinned workers (a 2-core machine), resnet only: every protocol "
     f"homogeneous and with rank 1 at a {SHARE:g} CPU share, against one worker alone",
     _real(2, 1, REAL_WORKLOADS[:1]),
-    (*_pick("allreduce", "ddp", "ps-async", "dpsgd", "adpsgd", "hop"), *_PAIRS),
+    _families(ps=("ps-async",), hop=("hop",), prague=_PAIRS),
     target_loss={"resnet": 0.6, "resnet-wide": 0.6}, max_time=30.0, real=True,
     run_options=MappingProxyType({"pin": True}),
 )
@@ -290,8 +274,8 @@ def one_slow_per_16(workers: int) -> str:
 
 #: Simulated sizes: 4096 only for the protocols whose cores were made to scale to it.
 SCALING_SIZES = (16, 64, 256, 1024)
-SCALING_VARIANTS = _pick("allreduce", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop",
-                         "hop-skip", "prague", "prague-paper", "prague-static")
+SCALING_VARIANTS = _families(ddp=(), ps=("ps-sync", "ps-async"), hop=("hop", "hop-skip"),
+                             prague=("prague", "prague-paper", "prague-static"))
 
 
 def _scaling() -> tuple[Setting, ...]:
@@ -322,8 +306,8 @@ GPU = Suite(
     "family against DDP over gloo (needs a CUDA device)",
     tuple(Setting(f"gpu · {het}", HETEROGENEITY[het], workers=4, step_time=0.0)
           for het in ("homogeneous", "one 5x slow")),
-    _pick("ddp", "allreduce", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop", "hop-skip",
-          "prague", "prague-no-overlap", "prague-static", "prague-paper"),
+    _families(ps=("ps-sync", "ps-async"), hop=("hop", "hop-skip"),
+              prague=("prague", "prague-no-overlap", "prague-static", "prague-paper")),
     max_time=120.0, workload="resnet-wide", run_options=MappingProxyType({"device": "cuda"}),
 )
 SUITES = {suite.name: suite for suite in

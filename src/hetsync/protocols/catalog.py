@@ -13,20 +13,23 @@ no driver.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
+from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from hetsync.errors import ConfigError
+from hetsync.protocols.variant import NamedVariant
 
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "SIMULATED", "check_protocol_options",
-           "essential_ranks"]
+__all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "SIMULATED", "TOLERATE_LOSS", "all_variants",
+           "check_protocol_options", "essential_ranks"]
 
 #: Names of the built-in protocols: the packages beside this module that have a driver.
 _HERE = Path(__file__).parent
@@ -50,6 +53,37 @@ _MODULES = {name: module for name in BUILTIN if (module := _options_module(name)
 PROTOCOL_OPTIONS: tuple[type[Any], ...] = tuple(
     module.Options for module in _MODULES.values() if hasattr(module, "Options"))
 
+#: The built-in protocols that can go on without a lost worker (`--on-failure continue`): those
+#: whose options module has `tolerate_loss`.
+TOLERATE_LOSS = tuple(name for name, module in _MODULES.items()
+                      if hasattr(module, "tolerate_loss"))
+
+
+@functools.cache
+def all_variants() -> tuple[NamedVariant, ...]:
+    """Every built-in package's `VARIANTS` (its `variants.py`), package by package in name
+    order, each with its `protocol` set. Raise ValueError where a package has no variants.py,
+    not exactly one `default`, sets `protocol` in its options, or reuses another's label."""
+    variants: list[NamedVariant] = []
+    for name in BUILTIN:
+        if not (_HERE / name / "variants.py").is_file():
+            raise ValueError(f"protocol package {name} has no variants.py")
+        declared = importlib.import_module(f"hetsync.protocols.{name}.variants").VARIANTS
+        defaults = [variant.label for variant in declared if variant.default]
+        if len(defaults) != 1:
+            raise ValueError(f"protocol package {name} must mark exactly one variant default "
+                             f"(marked: {defaults or 'none'})")
+        for variant in declared:
+            if "protocol" in variant.options:
+                raise ValueError(f"variant {variant.label}: its package implies its protocol")
+            variants.append(replace(variant, protocol=name,
+                                    options=MappingProxyType(dict(variant.options))))
+    labels = [variant.label for variant in variants]
+    if len(set(labels)) != len(labels):
+        twice = sorted({label for label in labels if labels.count(label) > 1})
+        raise ValueError(f"variant labels declared twice: {', '.join(twice)}")
+    return tuple(variants)
+
 
 def check_protocol_options(config: RunConfig) -> bool:
     """Run `config.protocol`'s own checks; False if it is not a built-in protocol."""
@@ -70,8 +104,7 @@ def essential_ranks(config: RunConfig) -> frozenset[int]:
     tolerate: Callable[[RunConfig], frozenset[int]] | None = getattr(
         _MODULES.get(config.protocol), "tolerate_loss", None)
     if tolerate is None:
-        able = ", ".join(name for name, module in _MODULES.items()
-                         if hasattr(module, "tolerate_loss"))
         raise ConfigError(f"--on-failure continue: {config.protocol} cannot go on without a "
-                          f"worker (each of its steps needs every worker); these can: {able}")
+                          f"worker (each of its steps needs every worker); these can: "
+                          f"{', '.join(TOLERATE_LOSS)}")
     return tolerate(config)

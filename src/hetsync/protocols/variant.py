@@ -29,3 +29,13 @@ class NamedVariant:
     """Its averaging conserves the sum of the models (checked by the fuzz with lr 0)."""
     fault_fuzz: bool = False
     """Run by the real-process fault fuzz (it must go on without a lost worker)."""
+    bench: bool = True
+    """In the suites that run every variant (`EVERY_PROTOCOL`); False for what only a fuzz
+    runs (a lost worker) or only names its own way (the fault fuzz's labels, kept for replays)."""
+    protocol: str = ""
+    """The package that declares it: set by the catalog (`all_variants`), not by the package."""
+
+    @property
+    def run_options(self) -> Mapping[str, Any]:
+        """Its options with `protocol`: what `RunConfig(**run_options)` runs."""
+        return MappingProxyType({"protocol": self.protocol, **self.options})

@@ -38,50 +38,21 @@ import torch
 from hetsync.config import RunConfig
 from hetsync.cores.errors import ProtocolError
 from hetsync.errors import Deadlock
-from hetsync.protocols.catalog import essential_ranks
+from hetsync.protocols.catalog import all_variants, essential_ranks
 from hetsync.simulator.jitter import Jitter
 from hetsync.simulator.run import SimOptions, build, run_events
 from hetsync.simulator.world import DETECTION_S
 
 __all__ = ["CONSERVING", "VARIANTS", "FuzzResult", "fuzz"]
 
-#: The variants fuzzed: every protocol, and every option that changes who waits for whom.
-#: Prague's default P-Reduces beside the next step (`--overlap`); `-between` and `prague-paper`
-#: run them between steps (`--no-overlap`), the paper's loop, which has its own worker core.
+#: The variants fuzzed, from each protocol package's `variants.py` (those marked `fuzz`):
+#: every protocol, and every option that changes who waits for whom.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "allreduce": {"protocol": "allreduce"},
-    "ps-sync": {"protocol": "ps"},
-    "ps-backup1": {"protocol": "ps", "ps_backup": 1},
-    "ps-async": {"protocol": "ps", "ps_mode": "async"},
-    "dpsgd": {"protocol": "dpsgd"},
-    "adpsgd": {"protocol": "adpsgd"},
-    "hop": {"protocol": "hop"},
-    "hop-notify-ack": {"protocol": "hop", "hop_mode": "notify-ack"},
-    "hop-backup1-skip": {"protocol": "hop", "backup": 1, "skip": True},
-    "hop-staleness2": {"protocol": "hop", "staleness": 2, "max_gap": 4},
-    "prague": {"protocol": "prague"},
-    "prague-random": {"protocol": "prague", "gg_policy": "random"},
-    "prague-between": {"protocol": "prague", "overlap": False},
-    "prague-paper": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
-                     "overlap": False},
-    "prague-paper-overlap": {"protocol": "prague", "gg_policy": "random", "group_buffer": True},
-    "prague-batch": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
-                     "group_buffer_mode": "batch"},
-    "prague-static": {"protocol": "prague", "schedule": "static"},
-    "hop-lose1": {"protocol": "hop", "backup": 1, "on_failure": "continue"},
-    "adpsgd-lose1": {"protocol": "adpsgd", "on_failure": "continue"},
-    "prague-lose1": {"protocol": "prague", "on_failure": "continue"},
-    "prague-between-lose1": {"protocol": "prague", "overlap": False, "on_failure": "continue"},
-    "prague-paper-lose1": {"protocol": "prague", "gg_policy": "random", "group_buffer": True,
-                           "overlap": False, "on_failure": "continue"},
-    "ps-async-lose1": {"protocol": "ps", "ps_mode": "async", "on_failure": "continue"},
-    "ps-sync-lose1": {"protocol": "ps", "on_failure": "continue"},
-}
+    variant.label: dict(variant.run_options) for variant in all_variants() if variant.fuzz}
 #: Variants whose averaging conserves the sum of the models (with lr 0); the others replace
 #: models by a server's (ps), drop late updates (backup) or merge unequally (skipping).
-CONSERVING = frozenset({"allreduce", "dpsgd", "adpsgd", "hop", "hop-notify-ack", "prague",
-                        "prague-random", "prague-between", "prague-paper",
-                        "prague-paper-overlap", "prague-batch", "prague-static"})
+CONSERVING = frozenset(variant.label for variant in all_variants()
+                       if variant.fuzz and variant.conserving)
 _ITERATIONS = 12
 
 

@@ -1,0 +1,20 @@
+"""Hop's named variants (`hetsync.protocols.variant`): every option that changes who waits for
+whom, on its default graph, the ring."""
+
+from hetsync.protocols.variant import NamedVariant
+
+_SKIP = {"backup": 1, "skip": True}
+
+VARIANTS = (
+    NamedVariant("hop", conserving=True, fault_fuzz=True),
+    NamedVariant("hop-notify-ack", {"hop_mode": "notify-ack"}, conserving=True),
+    NamedVariant("hop-backup1", {"backup": 1}, fuzz=False, fault_fuzz=True),
+    NamedVariant("hop-staleness2", {"staleness": 2}, fuzz=False),
+    # On an undirected ring with no backup worker nobody can fall behind: skipping needs one.
+    NamedVariant("hop-skip", _SKIP, default=True, fuzz=False),
+    # The fuzzers' name for hop-skip (the fault fuzz's replays draw by label).
+    NamedVariant("hop-backup1-skip", _SKIP, fault_fuzz=True, bench=False),
+    # Staleness with a tight gap: the fuzz checks both bounds where they bind.
+    NamedVariant("hop-staleness2-gap4", {"staleness": 2, "max_gap": 4}, bench=False),
+    NamedVariant("hop-lose1", {"backup": 1, "on_failure": "continue"}, bench=False),
+)
