@@ -13,6 +13,7 @@ import pytest
 from hetsync import cli
 from hetsync.cli import main
 from hetsync.config import RunConfig, load_toml
+from hetsync.protocols.catalog import TOLERATE_LOSS, all_variants
 from hetsync.transport.placement import visible_gpus
 
 
@@ -241,3 +242,15 @@ def test_configuration_doc_example_is_valid(tmp_path):
     path.write_text(example)
     config = RunConfig.from_dict(load_toml(path), source=str(path))
     assert config.validate() is config and config.protocol != RunConfig.protocol
+
+
+@pytest.mark.parametrize("variant", all_variants(), ids=lambda variant: variant.label)
+def test_train_flags_give_back_a_variants_options(variant):
+    """The fault fuzz prints each case as `hetsync train` flags: they must run the variant."""
+    args = cli.build_parser().parse_args(["train", *cli.train_flags(variant.run_options)])
+    assert cli.config_from_args(args) == RunConfig(**variant.run_options)
+
+
+def test_on_failure_help_names_the_protocols_that_tolerate_a_loss(capsys):
+    text = " ".join(_option_help("train", capsys)["--on-failure"].split())
+    assert TOLERATE_LOSS and all(f"{name}," in text for name in TOLERATE_LOSS)

@@ -101,7 +101,7 @@ def test_the_gpu_suite_is_every_protocol_family_against_ddp_on_real_compute():
     """Listed without planning (planning a CUDA run validates it against this machine)."""
     assert GPU.workload == "resnet-wide" and dict(GPU.run_options) == {"device": "cuda"}
     labels = [variant.label for variant in GPU.variants]
-    assert labels[0] == "ddp"
+    assert "ddp" in labels
     assert {v.options["protocol"] for v in GPU.variants} == set(available_protocols())
     assert {"prague", "prague-no-overlap", "prague-static", "ps-sync", "ps-async"} <= set(labels)
     assert [(s.slowdown, s.workers, s.step_time) for s in GPU.settings] == [

@@ -1,14 +1,19 @@
-"""The built-in protocols, found by their packages: what each brings to a run's options.
+"""The built-in protocols, found by their packages: what each brings to a run.
 
-A protocol is one package here: `core.py` (and other modules of decisions, without I/O),
-`driver.py` (its transport over torch.distributed, registered under the package's name), and
-optionally `options.py` with an `Options` dataclass (its flags, with `HELP`, `CHOICES` and
-the range checks `NON_NEGATIVE`, `AT_LEAST_ONE`, `FINITE`), a `check(config)` function (the
-checks that need the whole run's options) and, for a protocol that can go on without a lost
-worker, `tolerate_loss(config)` (see `essential_ranks`). `RunConfig` is composed from the
-`Options` found here, so adding a protocol adds its package and touches nothing else; its
-simulation, if it has one, is `hetsync.simulator.protocols.<name>`. Reading options imports
-no driver.
+A protocol is one package here, found by its `driver.py` (its transport over
+torch.distributed, registered under the package's name), with `core.py` (and other modules of
+decisions, without I/O) and, by these names:
+- `options.py` (optional): an `Options` dataclass (its flags, with `HELP`, `CHOICES` and the
+  range checks `NON_NEGATIVE`, `AT_LEAST_ONE`, `FINITE`), a `check(config)` function (the
+  checks that need the whole run's options) and, for a protocol that can go on without a lost
+  worker, `tolerate_loss(config)` (see `essential_ranks`, `TOLERATE_LOSS`);
+- `simulation.py` (optional): `build_workers(sim)`, its simulation (`SIMULATED`), imported
+  by the simulator only;
+- `variants.py`: `VARIANTS`, its `NamedVariant`s, one of them the default (`all_variants`),
+  which the bench suites and both fuzzers run.
+`RunConfig` is composed from the `Options` found here, so adding a protocol adds its package
+and touches nothing else (DEVELOPERS.md, "Adding a protocol"). Reading options imports no
+driver and no simulation.
 """
 
 from __future__ import annotations
