@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hetsync.errors import ConfigError
-from hetsync.protocols.catalog import BUILTIN, all_variants
+from hetsync.protocols.catalog import BUILTIN, SIMULATED, all_variants
 from hetsync.protocols.prague.variants import OVERLAPPED
 
 __all__ = [
@@ -274,8 +274,9 @@ def one_slow_per_16(workers: int) -> str:
 
 #: Simulated sizes: 4096 only for the protocols whose cores were made to scale to it.
 SCALING_SIZES = (16, 64, 256, 1024)
-SCALING_VARIANTS = _families(ddp=(), ps=("ps-sync", "ps-async"), hop=("hop", "hop-skip"),
-                             prague=("prague", "prague-paper", "prague-static"))
+SCALING_VARIANTS = tuple(v for v in _families(
+    ddp=(), ps=("ps-sync", "ps-async"), hop=("hop", "hop-skip"),
+    prague=("prague", "prague-paper", "prague-static")) if v.options["protocol"] in SIMULATED)
 
 
 def _scaling() -> tuple[Setting, ...]:

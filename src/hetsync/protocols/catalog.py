@@ -68,7 +68,8 @@ TOLERATE_LOSS = tuple(name for name, module in _MODULES.items()
 def all_variants() -> tuple[NamedVariant, ...]:
     """Every built-in package's `VARIANTS` (its `variants.py`), package by package in name
     order, each with its `protocol` set. Raise ValueError where a package has no variants.py,
-    not exactly one `default`, sets `protocol` in its options, or reuses another's label."""
+    not exactly one `default`, sets `protocol` in its options, has the fault fuzz run a
+    protocol that cannot lose a worker, or reuses another's label."""
     variants: list[NamedVariant] = []
     for name in BUILTIN:
         if not (_HERE / name / "variants.py").is_file():
@@ -81,6 +82,9 @@ def all_variants() -> tuple[NamedVariant, ...]:
         for variant in declared:
             if "protocol" in variant.options:
                 raise ValueError(f"variant {variant.label}: its package implies its protocol")
+            if variant.fault_fuzz and name not in TOLERATE_LOSS:
+                raise ValueError(f"variant {variant.label}: the fault fuzz runs only protocols "
+                                 "that can lose a worker (options.py's tolerate_loss)")
             variants.append(replace(variant, protocol=name,
                                     options=MappingProxyType(dict(variant.options))))
     labels = [variant.label for variant in variants]

@@ -38,21 +38,23 @@ import torch
 from hetsync.config import RunConfig
 from hetsync.cores.errors import ProtocolError
 from hetsync.errors import Deadlock
-from hetsync.protocols.catalog import all_variants, essential_ranks
+from hetsync.protocols.catalog import SIMULATED, all_variants, essential_ranks
 from hetsync.simulator.jitter import Jitter
 from hetsync.simulator.run import SimOptions, build, run_events
 from hetsync.simulator.world import DETECTION_S
 
 __all__ = ["CONSERVING", "VARIANTS", "FuzzResult", "fuzz"]
 
-#: The variants fuzzed, from each protocol package's `variants.py` (those marked `fuzz`):
-#: every protocol, and every option that changes who waits for whom.
-VARIANTS: dict[str, dict[str, Any]] = {
-    variant.label: dict(variant.run_options) for variant in all_variants() if variant.fuzz}
+#: The variants fuzzed, from each protocol package's `variants.py` (those marked `fuzz`, of the
+#: protocols that have a simulation): every protocol, and every option that changes who waits
+#: for whom.
+VARIANTS: dict[str, dict[str, Any]] = {variant.label: dict(variant.run_options)
+                                       for variant in all_variants()
+                                       if variant.fuzz and variant.protocol in SIMULATED}
 #: Variants whose averaging conserves the sum of the models (with lr 0); the others replace
 #: models by a server's (ps), drop late updates (backup) or merge unequally (skipping).
 CONSERVING = frozenset(variant.label for variant in all_variants()
-                       if variant.fuzz and variant.conserving)
+                       if variant.label in VARIANTS and variant.conserving)
 _ITERATIONS = 12
 
 
