@@ -16,15 +16,15 @@ from hetsync.errors import ConfigError, Deadlock
 from hetsync.network.model import NetworkModel
 from hetsync.network.patterns import ring_allreduce
 from hetsync.network.spec import parse_network
-from hetsync.protocols.catalog import SIMULATED
+from hetsync.protocols.catalog import SIMULATED, all_variants
 from hetsync.report import write_report
 from hetsync.simulator.run import SimOptions, build, run_events, simulate
 
-#: One variant per protocol, as the bench suites run them.
-VARIANTS = {
-    "allreduce": {}, "ddp": {}, "ps": {}, "ps-async": {"ps_mode": "async"},
-    "ps-backup": {"ps_backup": 1}, "dpsgd": {}, "adpsgd": {}, "hop": {},
-    "hop-skip": {"skip": True, "backup": 1}, "prague": {},
+#: Every protocol's default variant, as the bench suites run them (labels start with the
+#: protocol), and a few more.
+VARIANTS = {variant.label: dict(variant.options) for variant in all_variants() if variant.default}
+VARIANTS |= {
+    "ps-async": {"ps_mode": "async"}, "ps-backup": {"ps_backup": 1}, "hop": {},
     "prague-paper": {"gg_policy": "random", "group_buffer": True},
     "prague-static": {"schedule": "static", "max_iterations": 15},
 }
