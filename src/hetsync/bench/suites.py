@@ -239,11 +239,11 @@ def _real(workers: int, slow_rank: int, workloads: tuple[str, ...]) -> tuple[Set
     return tuple(settings)
 
 
-#: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs.
 def _pairs(label: str, about: str) -> Variant:
     return Variant(label, MappingProxyType({**_BY_LABEL[label].options, "group_size": 2}), about)
 
 
+#: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs.
 _PAIRS = (
     _pairs("prague", OVERLAPPED.format("ready pairs")),
     _pairs("prague-paper", "the Prague paper's loop with pairs: random groups, Group Buffer, "
