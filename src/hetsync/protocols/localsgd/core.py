@@ -12,11 +12,14 @@ own stop conditions held at any iteration since the last round votes in the next
 stops after the first round in which any worker voted (`Averaged.votes > 0`), as All-Reduce's
 vote does. A time or target stop therefore lands up to H - 1 iterations late; a
 `--max-iterations` stop lands exactly, as that iteration always ends with a round. A script
-whose loop ends by itself (`iterate(loader, epochs=N)` running out) ends with `LoopEnded`:
-with local steps since the last round it contributes to one last round voting to stop, so the
-workers end on a common model, and a worker still running (a longer shard) stops at that
-round instead of waiting for a worker that has left; with none, there is nothing to average
-(the workers' loops end at the same iteration, as with All-Reduce).
+whose loop ends by itself (`iterate(loader, epochs=N)` running out) ends with `LoopEnded`: it
+contributes to one last round, voting to stop, so the workers end on a common model. A worker
+whose loop has not ended (a longer shard) reaches that round at its next boundary and stops
+there: every worker has completed the same rounds (each needs all), so all take part in the
+next one, and uneven shards end cleanly. Each contribution also says whether the worker
+`moved` (took steps since the last round); a round in which none did (every loop ended right
+after a round) leaves the models as they are: DiLoCo's outer step would only replay its
+momentum (`Finish.outer_step`).
 
 Left out: averaging over whoever has finished H steps (the heterogeneity-aware variant). An
 all-reduce over the direct link needs every worker; averaging a subset needs someone to agree
@@ -63,6 +66,8 @@ class Averaged:
 
     round: int
     votes: int
+    moved: int
+    """How many workers took steps since the previous round."""
 
 
 @dataclass(**_frozen)
@@ -75,20 +80,23 @@ class LoopEnded:
 # --- decisions out -----------------------------------------------------------------------------
 @dataclass(**_frozen)
 class Average:
-    """Contribute the model and `vote` (1 or 0) to the all-reduce of `round`, which ends
-    iteration `iteration`; the new model is the mean (or DiLoCo's outer step from it)."""
+    """Contribute the model, `vote` (1 or 0) and `moved` (1: steps were taken since the last
+    round) to the all-reduce of `round`, which ends iteration `iteration`."""
 
     iteration: int
     round: int
     vote: int
+    moved: int
 
 
 @dataclass(**_frozen)
 class Finish:
-    """`iteration` is done; the run stops after it if `stop`."""
+    """`iteration` is done; the run stops after it if `stop`. After a round: with
+    `outer_step`, DiLoCo takes its outer step from the mean (else the mean is the model)."""
 
     iteration: int
     stop: bool
+    outer_step: bool = False
 
 
 class LocalSGDState(Enum):
@@ -137,28 +145,26 @@ class LocalSGDWorker(Core[StepDone | Averaged | LoopEnded, Average | Finish]):
         if isinstance(event, LoopEnded):
             if self.state is not LocalSGDState.LOCAL or event.iteration != self.iteration:
                 raise self._local(event)
-            if self.since_round == 0:  # the models were averaged at this iteration
-                self.state = LocalSGDState.DONE
-                return []
             self._vote = True
             return [self._average()]
         if isinstance(event, Averaged):
             if self.state is not LocalSGDState.AVERAGING or event.round != self.round:
                 raise self._local(event)
-            if not 0 <= event.votes <= self.world:
-                raise RemoteProtocolError(f"localsgd rank {self.rank}: {event!r}: votes must "
-                                          f"be in 0..{self.world}")
+            if not (0 <= event.votes <= self.world and 0 <= event.moved <= self.world):
+                raise RemoteProtocolError(f"localsgd rank {self.rank}: {event!r}: votes and "
+                                          f"moved must be in 0..{self.world}")
             stop = event.votes > 0
             self.state = LocalSGDState.DONE if stop else LocalSGDState.LOCAL
-            return [Finish(iteration=self.iteration, stop=stop)]
+            return [Finish(iteration=self.iteration, stop=stop, outer_step=event.moved > 0)]
         raise LocalProtocolError(f"localsgd rank {self.rank}: unknown event {event!r}")
 
     def _average(self) -> Average:
+        moved = int(self.since_round > 0)
         self.round += 1
         self.since_round = 0
         self.state = LocalSGDState.AVERAGING
         vote, self._vote = self._vote, False
-        return Average(iteration=self.iteration, round=self.round, vote=int(vote))
+        return Average(iteration=self.iteration, round=self.round, vote=int(vote), moved=moved)
 
     def _local(self, event: object) -> LocalProtocolError:
         return LocalProtocolError(f"localsgd rank {self.rank}: cannot take {event!r} in state "

@@ -3,11 +3,12 @@
 The decisions (when to average, the agreed stop) are
 `hetsync.protocols.localsgd.core.LocalSGDWorker`'s. An average is one sum-all-reduce of the
 flat model (floating parameters, then floating buffers such as BatchNorm statistics, each
-divided by the world size first) with the stop vote in its last element, over the direct
-link, after the optimizer step of the round's last iteration. With `--outer-optimizer
-nesterov` (DiLoCo) the parameters take the outer step from the anchor, the model the round
-began from (`outer_nesterov`); buffers take the mean either way, as they are statistics, not
-parameters. The inner optimizer's state (momentum, Adam's moments) stays each worker's own.
+divided by the world size first) with the stop vote and the `moved` flag in its last two
+elements, over the direct link, after the optimizer step of the round's last iteration.
+With `--outer-optimizer nesterov` (DiLoCo) the parameters take the outer step from the
+anchor, the model the round began from (`outer_nesterov`); buffers take the mean either way,
+as they are statistics, not parameters. The inner optimizer's state (momentum, Adam's
+moments) stays each worker's own.
 """
 
 from __future__ import annotations
@@ -90,8 +91,8 @@ class LocalSGD(Protocol):
         """Run the round `average` asks for; True if the run stops after it. `step` is None
         at a loop's end: no row is written, and the worker is already closing."""
         world = self.runtime.world_size
-        flat = self.link.flat(self.tensors, float(average.vote))
-        flat[:-1].div_(world)
+        flat = self.link.flat(self.tensors, float(average.vote), float(average.moved))
+        flat[:-2].div_(world)
         blocking: AbstractContextManager[Any] = step.blocking() if step else nullcontext()
         with blocking:
             began = time.perf_counter()
@@ -101,13 +102,14 @@ class LocalSGD(Protocol):
             nbytes = self.network.scaled(flat.numel() * flat.element_size())
             self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
                                         "localsgd", time.perf_counter() - began)
-        mean = flat[:-1]
-        if self.outer:
+        votes, moved = (round(float(word)) for word in flat[-2:])
+        [finish] = self.core.handle(Averaged(round=average.round, votes=votes, moved=moved))
+        assert isinstance(finish, Finish)
+        mean = flat[:-2]
+        if self.outer and finish.outer_step:
             self._outer_step(mean[:self.n_params])
         with torch.no_grad():
             self.link.unpack_into(mean, self.tensors)
-        [finish] = self.core.handle(Averaged(round=average.round, votes=round(float(flat[-1]))))
-        assert isinstance(finish, Finish)
         if step is not None:
             step.bytes_sent += ring_allreduce_bytes(flat, world)
         return finish.stop

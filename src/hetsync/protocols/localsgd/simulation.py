@@ -38,6 +38,8 @@ class Rounds:
         self.collective = AllReduceRound(sim.world)
         self.workers: list[LocalSGDSimWorker] = []
         self._duration: float | None = None
+        self._moved = 0  # the open round's sum of `moved`, as the all-reduce sums it
+        self._averaged = 0  # the last round whose models were averaged (`--math`)
         self.outer = sim.config.outer_optimizer == "nesterov"
         self.anchors: torch.Tensor | None = None
         """DiLoCo with `--math`: each worker's anchor (a row each), and its outer momentum."""
@@ -50,6 +52,7 @@ class Rounds:
             self.buffers = torch.zeros_like(self.anchors)
 
     def contribute(self, rank: int, average: Average) -> None:
+        self._moved += average.moved
         event = Contributed(rank=rank, iteration=average.round, vote=average.vote)
         for completed in self.collective.handle(event):
             self._run(completed)
@@ -59,19 +62,25 @@ class Rounds:
         if self._duration is None:
             messages = ring_allreduce(range(sim.world), sim.costs.payload_bytes)
             self._duration = sim.costs.network.duration(messages)
-        if sim.math is not None:
-            self._average(sim.math.x)
         now = sim.clock.now
         end = now + self._duration
         nbytes = 2 * (sim.world - 1) / sim.world * sim.costs.payload_bytes
-        averaged = Averaged(round=completed.iteration, votes=completed.votes)
+        averaged = Averaged(round=completed.iteration, votes=completed.votes, moved=self._moved)
+        self._moved = 0
         for worker in self.workers:
             worker.charge(network_s=end - now, nbytes=nbytes)
             sim.clock.at(end, worker.averaged, averaged)
 
-    def _average(self, x: torch.Tensor) -> None:
+    def average(self, round_: int, outer_step: bool) -> None:
+        """With `--math`, at the first `Finish` of round `round_` (every worker's is the same,
+        and all come before any worker computes on): every model becomes the mean, or DiLoCo's
+        outer step from it."""
+        if self.sim.math is None or round_ == self._averaged:
+            return
+        self._averaged = round_
+        x = self.sim.math.x
         mean = x.mean(0)
-        if self.anchors is None or self.buffers is None:
+        if self.anchors is None or self.buffers is None or not outer_step:
             x[:] = mean
             return
         config = self.sim.config
@@ -105,9 +114,10 @@ class LocalSGDSimWorker(SimWorker):
 
     def averaged(self, event: Averaged) -> None:
         self.unblock()
-        for decision in self.core.handle(event):
-            assert isinstance(decision, Finish)
-            self._finish(decision)
+        [decision] = self.core.handle(event)
+        assert isinstance(decision, Finish)
+        self.rounds.average(event.round, decision.outer_step)
+        self._finish(decision)
 
     def _finish(self, decision: Finish) -> None:
         self.end_iteration()
