@@ -93,7 +93,7 @@ class LocalSGD(Protocol):
         world = self.runtime.world_size
         flat = self.link.flat(self.tensors, float(average.vote), float(average.moved))
         flat[:-2].div_(world)
-        blocking: AbstractContextManager[Any] = step.blocking() if step else nullcontext()
+        blocking: AbstractContextManager[Any] = nullcontext() if step is None else step.blocking()
         with blocking:
             began = time.perf_counter()
             self.runtime.before_send()
@@ -116,8 +116,10 @@ class LocalSGD(Protocol):
 
     def _outer_step(self, mean: torch.Tensor) -> None:
         """DiLoCo: the parameters' part of `mean` becomes the outer step from the anchor,
-        which then moves there."""
-        assert self._anchor is not None
+        which then moves there. No anchor yet: this worker took no step (its loop ended
+        before the first), so its model is the one the round began from."""
+        if self._anchor is None:
+            self._anchor = self.link.flat(self.params)
         if self._buffer is None:
             self._buffer = torch.zeros_like(self._anchor)
         mean.copy_(outer_nesterov(self._anchor, mean, self._buffer,
