@@ -4,7 +4,8 @@
 Each worker computes, steps, and asks its core: a local step ends the iteration at once; a
 round's step contributes to the round's collective and blocks until every worker has, after
 which the collective costs a ring all-reduce of the payload (`patterns.ring_allreduce`, on
-idle NICs, computed once) and every worker gets the vote count. With `--math` the round sets
+idle NICs, computed once) and every worker gets the sums of the votes and of `moved`, as
+the all-reduce's last two words carry them. With `--math` the round's first `Finish` sets
 every worker's model to the mean, or with DiLoCo to `outer_nesterov` of each worker's anchor
 (all equal in a real run; the fuzz starts every worker from its own model, and each then keeps
 its own anchor and outer momentum, as a real worker would).
