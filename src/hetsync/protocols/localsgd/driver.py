@@ -1,0 +1,137 @@
+"""Local SGD: each worker steps alone, and every `--local-steps` iterations all average.
+
+The decisions (when to average, the agreed stop) are
+`hetsync.protocols.localsgd.core.LocalSGDWorker`'s. An average is one sum-all-reduce of the
+flat model (floating parameters, then floating buffers such as BatchNorm statistics, each
+divided by the world size first) with the stop vote and the `moved` flag in its last two
+elements, over the direct link, after the optimizer step of the round's last iteration.
+With `--outer-optimizer nesterov` (DiLoCo) the parameters take the outer step from the
+anchor, the model the round began from (`outer_nesterov`); buffers take the mean either way,
+as they are statistics, not parameters. The inner optimizer's state (momentum, Adam's
+moments) stays each worker's own.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetsync.network.patterns import ring_allreduce
+from hetsync.protocols import register_protocol
+from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.localsgd.core import (
+    Average,
+    Averaged,
+    Finish,
+    LocalSGDWorker,
+    LoopEnded,
+    StepDone,
+    outer_nesterov,
+)
+from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
+from hetsync.transport.runtime import Runtime
+
+
+@register_protocol("localsgd")
+class LocalSGD(Protocol):
+    """Local SGD with periodic model averaging; DiLoCo with `--outer-optimizer nesterov`."""
+
+    def __init__(
+        self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
+    ) -> None:
+        super().__init__(runtime, model, optimizer)
+        config = runtime.config
+        self.link = runtime.links.direct
+        self.tensors = model_tensors(model)
+        params = [p for p in model.parameters() if p.is_floating_point()]
+        self.params = self.tensors[:len(params)]  # model_tensors puts them first
+        self.n_params = sum(p.numel() for p in params)
+        self.core = self._new_core(config.max_iterations)
+        self.outer = config.outer_optimizer == "nesterov"
+        self._anchor: torch.Tensor | None = None  # DiLoCo: the round's first model, flat
+        self._buffer: torch.Tensor | None = None  # DiLoCo: the outer momentum, flat
+
+    def _new_core(self, max_iterations: int | None) -> LocalSGDWorker:
+        return LocalSGDWorker(self.runtime.rank, self.runtime.world_size,
+                              self.runtime.config.local_steps, max_iterations)
+
+    def go_on_from(self, iteration: int) -> None:
+        """Steps count from 1 again: `--max-iterations` is K - iteration of them (at least
+        one). The rounds start afresh from the loaded models."""
+        left = self.runtime.config.max_iterations
+        if left is not None:
+            self.core = self._new_core(max(1, left - iteration))
+
+    def before_optimizer_step(self, step: Step) -> None:
+        """DiLoCo's first anchor is taken here, before the first step: a model loaded after
+        the optimizer was built must be the one the first round began from."""
+        if self.outer and self._anchor is None:
+            self._anchor = self.link.flat(self.params)
+
+    def after_optimizer_step(self, step: Step) -> None:
+        step.begin_sync()
+        [decision] = self.core.handle(StepDone(iteration=step.iteration,
+                                               wants_stop=step.wants_stop))
+        if isinstance(decision, Finish):
+            step.stop = decision.stop
+            return
+        step.stop = self._average(decision, step)
+
+    def loop_ended(self, step: Step) -> None:
+        """Average the local steps since the last round, voting to stop (see the core)."""
+        for decision in self.core.handle(LoopEnded(iteration=step.iteration - 1)):
+            assert isinstance(decision, Average)
+            self._average(decision, None)
+
+    def _average(self, average: Average, step: Step | None) -> bool:
+        """Run the round `average` asks for; True if the run stops after it. `step` is None
+        at a loop's end: no row is written, and the worker is already closing."""
+        world = self.runtime.world_size
+        flat = self.link.flat(self.tensors, float(average.vote), float(average.moved))
+        flat[:-2].div_(world)
+        blocking: AbstractContextManager[Any] = nullcontext() if step is None else step.blocking()
+        with blocking:
+            began = time.perf_counter()
+            self.runtime.before_send()
+            self.link.all_reduce(flat)
+        if self.network is not None and step is not None:
+            nbytes = self.network.scaled(flat.numel() * flat.element_size())
+            self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
+                                        "localsgd", time.perf_counter() - began)
+        votes, moved = (round(float(word)) for word in flat[-2:])
+        [finish] = self.core.handle(Averaged(round=average.round, votes=votes, moved=moved))
+        assert isinstance(finish, Finish)
+        mean = flat[:-2]
+        if self.outer and finish.outer_step:
+            self._outer_step(mean[:self.n_params])
+        with torch.no_grad():
+            self.link.unpack_into(mean, self.tensors)
+        if step is not None:
+            step.bytes_sent += ring_allreduce_bytes(flat, world)
+        return finish.stop
+
+    def _outer_step(self, mean: torch.Tensor) -> None:
+        """DiLoCo: the parameters' part of `mean` becomes the outer step from the anchor,
+        which then moves there. No anchor yet: this worker took no step (its loop ended
+        before the first), so its model is the one the round began from."""
+        if self._anchor is None:
+            self._anchor = self.link.flat(self.params)
+        if self._buffer is None:
+            self._buffer = torch.zeros_like(self._anchor)
+        mean.copy_(outer_nesterov(self._anchor, mean, self._buffer,
+                                  self.runtime.config.outer_lr,
+                                  self.runtime.config.outer_momentum))
+        self._anchor.copy_(mean)
+
+    def state_dict(self) -> dict[str, Any]:
+        """DiLoCo's outer momentum; the anchor is the loaded model (a round starts there)."""
+        return {"outer_momentum": None if self._buffer is None else self._buffer.cpu()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        saved = state.get("outer_momentum")
+        if saved is not None:
+            self._buffer = self.link.flat([saved])
