@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
-from hetsync.faults import Fault, FaultPlan, parse_faults
+from hetsync.faults import KINDS, DelayMessages, FaultPlan, Hang, Kill, Raise, Stop, parse_faults
+from hetsync.simulator.run import _kills
 
 
 def test_parses_every_kind():
     assert parse_faults("none") == []
     assert parse_faults("kill:rank=3,at=20s; stop:rank=2,at=500ms,for=5s;raise:rank=1,at=40") == [
-        Fault("kill", 3, at_s=20.0), Fault("stop", 2, at_s=0.5, for_s=5.0),
-        Fault("raise", 1, at_iteration=40)]
-    assert parse_faults("hang:rank=0,at=2s") == [Fault("hang", 0, at_s=2.0)]
+        Kill(3, at_s=20.0), Stop(2, at_s=0.5, for_s=5.0), Raise(1, at_iteration=40)]
+    assert parse_faults("hang:rank=0,at=2s") == [Hang(0, at_s=2.0)]
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -40,20 +42,20 @@ def test_a_rank_beyond_the_workers_is_refused_before_starting():
 
 def test_the_plan_fires_each_fault_once_and_resumes_a_stop():
     plan = FaultPlan(parse_faults("kill:rank=3,at=2s;stop:rank=1,at=1s,for=2s;raise:rank=2,at=5"))
-    assert plan.external_due(0.5) == []
-    assert plan.external_due(1.0) == [("stop", 1)]
-    assert plan.external_due(2.5) == [("kill", 3)]
-    assert plan.external_due(2.9) == []
-    assert plan.external_due(3.0) == [("cont", 1)]
+    assert plan.signals_due(0.5) == []
+    assert plan.signals_due(1.0) == [(signal.SIGSTOP, 1)]
+    assert plan.signals_due(2.5) == [(signal.SIGKILL, 3)]
+    assert plan.signals_due(2.9) == []
+    assert plan.signals_due(3.0) == [(signal.SIGCONT, 1)]
     assert plan.inside_due(2, 4, 10.0) is None
     assert plan.inside_due(1, 5, 10.0) is None
-    assert plan.inside_due(2, 5, 10.0) == Fault("raise", 2, at_iteration=5)
+    assert plan.inside_due(2, 5, 10.0) == Raise(2, at_iteration=5)
     assert plan.inside_due(2, 6, 10.0) is None
 
 
 def test_message_delays_parse_and_replay_from_the_seed():
     [fault] = parse_faults("delay-messages:p=0.25,ms=200")
-    assert fault == Fault("delay-messages", -1, p=0.25, delay_s=0.2)
+    assert fault == DelayMessages(-1, p=0.25, delay_s=0.2)
     plan = FaultPlan(parse_faults("delay-messages:p=0.5,ms=0,rank=2"))
     assert plan.message_delay(1, seed=0) is None  # only rank 2's messages
     first, again = plan.message_delay(2, seed=7), plan.message_delay(2, seed=7)
@@ -71,3 +73,17 @@ def test_message_delays_parse_and_replay_from_the_seed():
 def test_a_wrong_delay_spec_gets_one_line(spec, message):
     with pytest.raises(ConfigError, match=message):
         parse_faults(spec)
+
+
+def test_each_kind_carries_where_and_how_it_acts():
+    # A kind is one class: the launcher sends its signals, the loop calls act(), the sender
+    # asks for its delay; nothing else knows a kind by name.
+    assert {name: kind.WHERE for name, kind in KINDS.items()} == {
+        "kill": "launcher", "stop": "launcher", "raise": "loop", "hang": "loop",
+        "delay-messages": "sender"}
+    assert Stop(1, at_s=1.0).signals() == [(1.0, signal.SIGSTOP)]  # no for=: stays stopped
+    with pytest.raises(RuntimeError, match="injected fault"):
+        Raise(0, at_iteration=1).act()
+    with pytest.raises(ConfigError, match="simulate models --fault kill only"):
+        _kills(RunConfig(workload="svm", workers=4, fault="stop:rank=1,at=1s",
+                         on_failure="continue", protocol="hop"))

@@ -16,6 +16,12 @@ A spec is one or more faults separated by ";":
 they are the launcher's; `raise` and `hang` come from inside the training loop. Parsing is
 pure; `FaultPlan` says what is due, and the launcher and the worker act on it.
 
+Each kind is one class here (`Kill`, `Stop`, `Raise`, `Hang`, `DelayMessages`) that carries all
+of it: its form, how its parameters parse, where it acts (`WHERE`: the launcher, the training
+loop or the sending thread), how (the signals the launcher sends, or what the loop does) and
+whether `hetsync simulate` models it. A new kind is a new class in `KINDS`; the launcher, the
+worker and the simulator ask the fault, never its name.
+
 `delay-messages` holds a message back in the thread that sends it, just before it is posted
 (as a congested queue in front of the link would): a protocol's point-to-point message, a
 P-Reduce or a collective (this worker's part of it) counts as one message. The draws come
@@ -25,37 +31,164 @@ from a generator seeded by the run's seed and the rank, so a run replays its del
 from __future__ import annotations
 
 import random
+import signal
 import time
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from hetsync.errors import ConfigError
 
-__all__ = ["Fault", "FaultPlan", "MessageDelay", "parse_faults"]
+__all__ = ["KINDS", "DelayMessages", "Fault", "FaultPlan", "Hang", "Kill", "MessageDelay",
+           "Raise", "Stop", "parse_faults"]
 
-KINDS = ("kill", "stop", "raise", "hang", "delay-messages")
-_FORM = ("kill:rank=R,at=T | stop:rank=R,at=T[,for=T] | raise:rank=R,at=I | hang:rank=R,at=I "
-         "| delay-messages:p=P,ms=M[,rank=R] (T: seconds with a unit, 20s or 500ms; I: an "
-         "iteration), several joined by ';'")
+Where = Literal["launcher", "loop", "sender"]
 
 
 @dataclass(frozen=True)
 class Fault:
-    kind: str
+    """One fault: a rank (-1: every worker) and when. Subclasses are the kinds."""
+
     rank: int
     at_s: float | None = None
     """Seconds into the run (kill, stop; raise and hang may use it too)."""
     at_iteration: int | None = None
-    for_s: float | None = None
-    """stop: seconds until the worker is resumed; None: never."""
-    p: float = 0.0
-    """delay-messages: the chance that a message is held back."""
-    delay_s: float = 0.0
-    """delay-messages: how long."""
+
+    NAME: ClassVar[str]
+    FORM: ClassVar[str]
+    WHERE: ClassVar[Where]
+    SIMULATED: ClassVar[bool] = False
+    """Modelled by `hetsync simulate` (a lost worker), not only by real runs."""
+    RESUMES: ClassVar[bool] = False
+    """Takes `for=`: how long until it is undone."""
 
     @property
-    def external(self) -> bool:
-        """Done to the worker's process by the launcher (kill, stop), not inside it."""
-        return self.kind in ("kill", "stop")
+    def kind(self) -> str:
+        return self.NAME
+
+    @classmethod
+    def parse(cls, rest: str, spec: str) -> Fault:
+        """The fault from the text after `kind:`; ConfigError in one line if it is wrong."""
+        params = _params(rest, ("rank", "at", "for"), spec)
+        if "rank" not in params or "at" not in params:
+            raise ConfigError(f"--fault {spec!r}: {cls.NAME} needs rank= and at= "
+                              f"(forms: {_form()})")
+        if not params["rank"].isdigit():
+            raise ConfigError(f"--fault {spec!r}: rank={params['rank']!r} is not a rank")
+        if "for" in params and not cls.RESUMES:
+            resuming = ", ".join(kind.NAME for kind in KINDS.values() if kind.RESUMES)
+            raise ConfigError(f"--fault {spec!r}: for= applies to {resuming} only")
+        at_s, at_iteration = _at(params["at"], cls.WHERE == "launcher", cls.NAME, spec)
+        resume = _time(params["for"], spec) if "for" in params else None
+        return cls._make(int(params["rank"]), at_s, at_iteration, resume)
+
+    @classmethod
+    def _make(cls, rank: int, at_s: float | None, at_iteration: int | None,
+              for_s: float | None) -> Fault:
+        return cls(rank, at_s, at_iteration)
+
+    def signals(self) -> list[tuple[float, signal.Signals]]:
+        """A launcher's fault: (seconds into the run, signal) to send its worker."""
+        raise NotImplementedError(f"{self.NAME} is not done by the launcher")
+
+    def act(self) -> None:
+        """A training loop's fault: what the worker does when it is due."""
+        raise NotImplementedError(f"{self.NAME} is not done in the training loop")
+
+
+@dataclass(frozen=True)
+class Kill(Fault):
+    NAME = "kill"
+    FORM = "kill:rank=R,at=T"
+    WHERE = "launcher"
+    SIMULATED = True
+
+    def signals(self) -> list[tuple[float, signal.Signals]]:
+        assert self.at_s is not None
+        return [(self.at_s, signal.SIGKILL)]
+
+
+@dataclass(frozen=True)
+class Stop(Fault):
+    for_s: float | None = None
+    """Seconds until the worker is resumed; None: never (a hang the monitor must name)."""
+
+    NAME = "stop"
+    FORM = "stop:rank=R,at=T[,for=T]"
+    WHERE = "launcher"
+    RESUMES = True
+
+    @classmethod
+    def _make(cls, rank: int, at_s: float | None, at_iteration: int | None,
+              for_s: float | None) -> Fault:
+        return cls(rank, at_s, at_iteration, for_s)
+
+    def signals(self) -> list[tuple[float, signal.Signals]]:
+        assert self.at_s is not None
+        resume = [] if self.for_s is None else [(self.at_s + self.for_s, signal.SIGCONT)]
+        return [(self.at_s, signal.SIGSTOP), *resume]
+
+
+@dataclass(frozen=True)
+class Raise(Fault):
+    NAME = "raise"
+    FORM = "raise:rank=R,at=I"
+    WHERE = "loop"
+
+    def act(self) -> None:
+        raise RuntimeError("injected fault (--fault)")
+
+
+@dataclass(frozen=True)
+class Hang(Fault):
+    NAME = "hang"
+    FORM = "hang:rank=R,at=I"
+    WHERE = "loop"
+
+    def act(self) -> None:
+        while True:
+            time.sleep(1)
+
+
+@dataclass(frozen=True)
+class DelayMessages(Fault):
+    p: float = 0.0
+    """The chance that a message is held back."""
+    delay_s: float = 0.0
+    """How long."""
+
+    NAME = "delay-messages"
+    FORM = "delay-messages:p=P,ms=M[,rank=R]"
+    WHERE = "sender"
+
+    @classmethod
+    def parse(cls, rest: str, spec: str) -> Fault:
+        params = _params(rest, ("p", "ms", "rank"), spec)
+        try:
+            p, ms = float(params["p"]), float(params["ms"])
+        except KeyError:
+            raise ConfigError(f"--fault {spec!r}: delay-messages needs p= and ms= "
+                              f"(forms: {_form()})") from None
+        except ValueError:
+            raise ConfigError(f"--fault {spec!r}: p= and ms= must be numbers") from None
+        if not 0 <= p <= 1 or not 0 <= ms < float("inf"):
+            raise ConfigError(f"--fault {spec!r}: p= must be in [0, 1] and ms= >= 0")
+        rank = params.get("rank", "-1")
+        if rank != "-1" and not rank.isdigit():
+            raise ConfigError(f"--fault {spec!r}: rank={rank!r} is not a rank")
+        return cls(int(rank), p=p, delay_s=ms / 1000)
+
+    def delay(self, rank: int, seed: int) -> MessageDelay:
+        """The delays of the messages `rank` sends: replayed from the run's seed."""
+        return MessageDelay(self.p, self.delay_s, random.Random(f"delay/{seed}/{rank}"))
+
+
+KINDS: dict[str, type[Fault]] = {kind.NAME: kind for kind in (Kill, Stop, Raise, Hang,
+                                                             DelayMessages)}
+
+
+def _form() -> str:
+    return (" | ".join(kind.FORM for kind in KINDS.values()) + " (T: seconds with a unit, 20s "
+            "or 500ms; I: an iteration), several joined by ';'")
 
 
 def _time(text: str, spec: str) -> float:
@@ -71,104 +204,70 @@ def _time(text: str, spec: str) -> float:
     raise ConfigError(f"--fault {spec!r}: {text!r} is not a time such as 20s or 500ms")
 
 
+def _at(text: str, timed_only: bool, kind: str, spec: str) -> tuple[float | None, int | None]:
+    """(seconds, iteration) of `at=`: one of them, as the text says."""
+    if not text.isdigit():
+        return _time(text, spec), None
+    if timed_only:
+        raise ConfigError(f"--fault {spec!r}: {kind} happens at a time (at=20s), not an "
+                          "iteration: the launcher does it from outside the worker")
+    if int(text) < 1:
+        raise ConfigError(f"--fault {spec!r}: iterations count from 1")
+    return None, int(text)
+
+
 def _params(rest: str, keys: tuple[str, ...], spec: str) -> dict[str, str]:
     params: dict[str, str] = {}
     for item in filter(None, rest.split(",")):
         key, sep, value = item.partition("=")
         if not sep or key not in keys:
             named = ", ".join(k + "=" for k in keys[:-1]) + f" or {keys[-1]}="
-            raise ConfigError(f"--fault {spec!r}: {item!r} is not {named} (forms: {_FORM})")
+            raise ConfigError(f"--fault {spec!r}: {item!r} is not {named} (forms: {_form()})")
         params[key] = value
     return params
-
-
-def _delay(rest: str, spec: str) -> Fault:
-    params = _params(rest, ("p", "ms", "rank"), spec)
-    try:
-        p, ms = float(params["p"]), float(params["ms"])
-    except KeyError:
-        raise ConfigError(f"--fault {spec!r}: delay-messages needs p= and ms= "
-                          f"(forms: {_FORM})") from None
-    except ValueError:
-        raise ConfigError(f"--fault {spec!r}: p= and ms= must be numbers") from None
-    if not 0 <= p <= 1 or not 0 <= ms < float("inf"):
-        raise ConfigError(f"--fault {spec!r}: p= must be in [0, 1] and ms= >= 0")
-    rank = params.get("rank", "-1")
-    if rank != "-1" and not rank.isdigit():
-        raise ConfigError(f"--fault {spec!r}: rank={rank!r} is not a rank")
-    return Fault("delay-messages", int(rank), p=p, delay_s=ms / 1000)
-
-
-def _parse_one(part: str, spec: str) -> Fault:
-    kind, _, rest = part.partition(":")
-    if kind not in KINDS:
-        raise ConfigError(f"--fault {spec!r}: unknown fault {kind!r} (forms: {_FORM})")
-    if kind == "delay-messages":
-        return _delay(rest, spec)
-    params = _params(rest, ("rank", "at", "for"), spec)
-    if "rank" not in params or "at" not in params:
-        raise ConfigError(f"--fault {spec!r}: {kind} needs rank= and at= (forms: {_FORM})")
-    if not params["rank"].isdigit():
-        raise ConfigError(f"--fault {spec!r}: rank={params['rank']!r} is not a rank")
-    at = params["at"]
-    at_s = at_iteration = None
-    if at.isdigit():
-        if kind in ("kill", "stop"):
-            raise ConfigError(f"--fault {spec!r}: {kind} happens at a time (at=20s), not an "
-                              "iteration: the launcher does it from outside the worker")
-        at_iteration = int(at)
-        if at_iteration < 1:
-            raise ConfigError(f"--fault {spec!r}: iterations count from 1")
-    else:
-        at_s = _time(at, spec)
-    if "for" in params and kind != "stop":
-        raise ConfigError(f"--fault {spec!r}: for= applies to stop only")
-    for_s = _time(params["for"], spec) if "for" in params else None
-    return Fault(kind, int(params["rank"]), at_s, at_iteration, for_s)
 
 
 def parse_faults(spec: str) -> list[Fault]:
     """The faults of a `--fault` value ("none": no fault)."""
     if spec in ("", "none"):
         return []
-    return [_parse_one(part.strip(), spec) for part in spec.split(";") if part.strip()]
+    faults = []
+    for part in filter(None, (part.strip() for part in spec.split(";"))):
+        name, _, rest = part.partition(":")
+        if name not in KINDS:
+            raise ConfigError(f"--fault {spec!r}: unknown fault {name!r} (forms: {_form()})")
+        faults.append(KINDS[name].parse(rest, spec))
+    return faults
 
 
 class FaultPlan:
-    """Which faults are due: `external_due(elapsed)` for the launcher, `inside_due(...)` for a
-    worker's loop. Each fires once; a stop with `for` yields its resumption later."""
+    """Which faults are due: `signals_due(elapsed)` for the launcher, `inside_due(...)` for a
+    worker's loop, `message_delay(...)` for its sending threads. Each fires once."""
 
     def __init__(self, faults: list[Fault]) -> None:
         self._pending = list(faults)
-        self._resume: list[tuple[float, int]] = []
+        self._signals = sorted(((when, i, sig, f.rank) for i, f in enumerate(faults)
+                                if f.WHERE == "launcher" for when, sig in f.signals()),
+                               key=lambda item: item[:2])
 
-    def external_due(self, elapsed: float) -> list[tuple[str, int]]:
-        """(action, rank) pairs to do now: kill, stop or cont."""
-        due = [f for f in self._pending if f.external and f.at_s is not None
-               and elapsed >= f.at_s]
-        actions = []
-        for fault in due:
-            self._pending.remove(fault)
-            actions.append((fault.kind, fault.rank))
-            if fault.kind == "stop" and fault.for_s is not None:
-                self._resume.append((elapsed + fault.for_s, fault.rank))
-        for when, rank in list(self._resume):
-            if elapsed >= when:
-                self._resume.remove((when, rank))
-                actions.append(("cont", rank))
-        return actions
+    def signals_due(self, elapsed: float) -> list[tuple[signal.Signals, int]]:
+        """(signal, rank) pairs the launcher sends now, in the order they fall due."""
+        due = [(sig, rank) for when, _, sig, rank in self._signals if elapsed >= when]
+        self._signals = [item for item in self._signals if elapsed < item[0]]
+        return due
 
     def message_delay(self, rank: int, seed: int) -> MessageDelay | None:
         """The delays of the messages `rank` sends, if a delay-messages fault names them."""
         for fault in self._pending:
-            if fault.kind == "delay-messages" and fault.rank in (-1, rank):
-                return MessageDelay(fault.p, fault.delay_s, random.Random(f"delay/{seed}/{rank}"))
+            if isinstance(fault, DelayMessages) and fault.rank in (-1, rank):
+                return fault.delay(rank, seed)
         return None
 
     def inside_due(self, rank: int, iteration: int, elapsed: float) -> Fault | None:
-        """The raise or hang of `rank` due in `iteration` (or by `elapsed` seconds)."""
+        """The training loop's fault of `rank` due in `iteration` (or by `elapsed` seconds):
+        its caller `act()`s on it."""
         for fault in self._pending:
-            if fault.external or fault.kind == "delay-messages" or fault.rank != rank:
+            if fault.WHERE != "loop" or fault.rank != rank:
                 continue
             if (fault.at_iteration is not None and iteration >= fault.at_iteration) or (
                     fault.at_s is not None and elapsed >= fault.at_s):

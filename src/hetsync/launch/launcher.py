@@ -190,9 +190,6 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
     return RunResult(run_dir, summary)
 
 
-_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP, "cont": signal.SIGCONT}
-
-
 class _RunClock:
     """The run's time axis as the workers keep it (rank 0's `t0` in the store, plus where a
     resumed run starts), read by the wall clock: the workers' heartbeats would stop with them
@@ -214,9 +211,9 @@ def _inject(faults: FaultPlan, procs: list[subprocess.Popen[bytes]], clock: _Run
     elapsed = clock.elapsed()
     if elapsed is None:
         return
-    for action, rank in faults.external_due(elapsed):
+    for sig, rank in faults.signals_due(elapsed):
         if procs[rank].poll() is None:
-            os.kill(procs[rank].pid, _SIGNALS[action])
+            os.kill(procs[rank].pid, sig)
 
 
 def _summarize_failure(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any
 
 import torch
@@ -60,7 +59,7 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         loss.backward()
         fault = faults.inside_due(runtime.rank, opt.iteration + 1, runtime.elapsed())
         if fault is not None:
-            _inject_fault(fault.kind)
+            fault.act()
         opt.step(loss=loss)
         elapsed = runtime.elapsed()
         if checkpoints is not None and not opt.should_stop and checkpoints.due(elapsed):
@@ -126,14 +125,6 @@ def run_under_torchrun(config: RunConfig) -> None:
             write_summary(out, summarize(out, config, opt.stop_reason))
     finally:
         hetsync.shutdown()
-
-
-def _inject_fault(kind: str) -> None:
-    if kind == "raise":
-        raise RuntimeError("injected fault (--fault)")
-    if kind == "hang":
-        while True:
-            time.sleep(1)
 
 
 def main() -> None:

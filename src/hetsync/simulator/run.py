@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, Deadlock
-from hetsync.faults import parse_faults
+from hetsync.faults import KINDS, parse_faults
 from hetsync.launch.launcher import (
     RunLock,
     RunResult,
@@ -96,9 +96,11 @@ def _kills(config: RunConfig) -> list[tuple[int, float]]:
     under `--on-failure continue` (whose protocol and ranks real runs' check allows)."""
     faults = parse_faults(config.fault)
     for fault in faults:
-        if fault.kind != "kill":
-            raise ConfigError(f"hetsync simulate models --fault kill only (a lost worker): "
-                              f"--fault {fault.kind} applies to real runs (hetsync train)")
+        if not fault.SIMULATED:
+            modelled = ", ".join(kind.NAME for kind in KINDS.values() if kind.SIMULATED)
+            raise ConfigError(f"hetsync simulate models --fault {modelled} only (a lost "
+                              f"worker): --fault {fault.kind} applies to real runs "
+                              "(hetsync train)")
     if faults and config.on_failure != "continue":
         raise ConfigError("hetsync simulate models a killed worker under --on-failure "
                           "continue only (without it a kill ends the run): add it")
