@@ -94,6 +94,15 @@ def test_a_worker_lost_between_pushes_closes_the_round_that_waited_for_it():
     assert async_server.has_left(1)
 
 
+def test_what_a_lost_worker_sent_before_its_loss_is_dropped_by_the_core():
+    # The engines (driver, simulation) hand every message to the core; the core drops the
+    # late ones, where a worker that said goodbye and pushes again is still refused.
+    server = PSServerCore(3)
+    server.handle(WorkerLost(rank=2))
+    assert server.handle(Push(rank=2, version=0, vote=False)) == []
+    assert server.handle(Bye(rank=2)) == []
+
+
 def test_server_refuses(assert_refused):
     push = Push(rank=0, version=0, vote=False)
     assert_refused(PSServerCore(2), [push, push], RemoteProtocolError, "unanswered",

@@ -19,7 +19,8 @@ A worker that leaves (`Bye`, after its last reply) is no longer waited for by sy
 leaving may close the open round. A worker lost from the run (`WorkerLost`, `--on-failure
 continue`) leaves as if it said goodbye, except that a push of its waiting in the open sync
 round still counts: it leaves when that round closes (its reply goes nowhere), so the round
-still waits for every survivor. Server events come from workers, so a push that breaks these
+still waits for every survivor; anything else it sent arrives too late and is dropped (the
+core does this, not each engine). Server events come from workers, so a push that breaks these
 rules (a second push before its reply, a version the server never had, anything after a `Bye`)
 raises `RemoteProtocolError`.
 
@@ -180,6 +181,7 @@ class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
         self._awaiting = bytearray(world)  # 1: the rank's push is unanswered
         self._left = bytearray(world)
         self._lost_in_round: set[int] = set()  # lost with a push in the open round
+        self._lost: set[int] = set()  # declared lost: what they sent before no longer counts
 
     @property
     def dropped(self) -> int:
@@ -187,6 +189,7 @@ class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
         return self.rounds.dropped
 
     def has_left(self, rank: int) -> bool:
+        """Whether `rank` said goodbye or was lost: nothing more of it counts."""
         return bool(self._left[rank])
 
     @property
@@ -195,10 +198,12 @@ class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
 
     def _handle(self, event: Push | Bye | WorkerLost) -> list[ServerDecision]:
         if isinstance(event, WorkerLost):
-            return self._lost(event)
+            return self._lose(event)
         if not isinstance(event, Push | Bye):
             raise LocalProtocolError(f"ps server: unknown event {event!r}")
         rank = event.rank
+        if rank in self._lost:
+            return []  # sent before its sender was lost: it no longer counts
         if not 0 <= rank < self.world or self._left[rank]:
             raise RemoteProtocolError(f"ps server: {event!r}: "
                                       + ("that rank left" if 0 <= rank < self.world
@@ -224,13 +229,14 @@ class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
                       lr_scale=1.0 / self.world),
                 Answer(ranks=(rank,), version=self.version, staleness=staleness, stop=False)]
 
-    def _lost(self, event: WorkerLost) -> list[ServerDecision]:
+    def _lose(self, event: WorkerLost) -> list[ServerDecision]:
         rank = event.rank
         if not 0 <= rank < self.world:
             raise RemoteProtocolError(f"ps server: {event!r}: no such rank")
         if self._left[rank]:
             return []  # it had said goodbye
         self._left[rank] = 1
+        self._lost.add(rank)
         if self._awaiting[rank]:  # sync: its push waits in the open round (async answers at once)
             self._lost_in_round.add(rank)
             return []

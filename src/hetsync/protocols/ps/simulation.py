@@ -47,24 +47,16 @@ class ServerThread:
         self.server = Server(sim.service_s["parameter-server"])
         sim.services["parameter_server"] = self.server
         self.workers: list[PSSimWorker] = []
-        self._gone: set[int] = set()
-        """Workers that said goodbye or were lost."""
 
     def receive(self, event: Any) -> None:
         self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
 
     def lost(self, rank: int) -> None:
-        """`rank` was declared lost, unless it said goodbye (the driver's `_on_lost`)."""
-        if rank not in self._gone:
-            self._gone.add(rank)
-            self._decide(WorkerLost(rank=rank))
+        """`rank` was declared lost (the driver's `_on_lost`)."""
+        self._decide(WorkerLost(rank=rank))
 
     def _serve(self, event: Push | Bye) -> None:
-        if event.rank in self._gone:
-            return  # sent before its sender was lost: it no longer counts
-        if isinstance(event, Bye):
-            self._gone.add(event.rank)
-        self._decide(event)
+        self._decide(event)  # the core drops what a lost worker sent before its loss
 
     def _decide(self, event: Push | Bye | WorkerLost) -> None:
         sim, math = self.sim, self.sim.math
