@@ -473,3 +473,12 @@ def test_finishes_a_lost_workers_groups_for_it_and_groups_those_it_kept_waiting(
     assert gg.unfinished(2) == ()
     again = gg.handle(GroupRequested(rank=1, iteration=2))
     assert all(isinstance(a, AssignGroup) and a.group.members == (0, 1) for a in again)
+
+
+def test_what_a_lost_worker_sent_before_its_loss_is_dropped_by_the_core():
+    # The engines hand every message to the core; the core drops those of a lost worker.
+    gg = GroupGeneratorCore(4, 2, random.Random(0))
+    gg.handle(WorkerLost(rank=3))
+    assert gg.handle(GroupRequested(rank=3, iteration=1)) == []
+    assert gg.handle(GroupFinished(group_id=0, rank=3)) == []
+    assert gg.handle(WorkerLost(rank=3)) == []  # told twice

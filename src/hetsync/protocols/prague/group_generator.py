@@ -52,7 +52,8 @@ may differ, and a division by speed did no better in our trials.
 
 Leaving: a worker's `last` request is answered normally; afterwards no group contains it
 (required group sizes shrink to the workers still in). A worker lost from the run
-(`WorkerLost`) leaves at once, its request unanswered and its groups finished for it.
+(`WorkerLost`) leaves at once, its request unanswered and its groups finished for it; what it
+sent before its loss and arrives after is dropped here (no engine filters on the core's behalf).
 `handle` is the only entry point; randomness comes only from the injected `rng`, so runs
 replay exactly.
 """
@@ -188,6 +189,7 @@ class GroupGeneratorCore(Core[object, AssignGroup]):
         self.state = GeneratorState.RUNNING
         self._stats = GroupStats()
         self._live = set(range(world))
+        self._lost: set[int] = set()  # declared lost: what they sent before is dropped
         self._last_iteration: dict[int, int] = {}
         self._waiting: dict[int, GroupRequested] = {}  # insertion order = arrival order
         self._unfinished: list[deque[Group]] = [deque() for _ in range(world)]
@@ -226,6 +228,9 @@ class GroupGeneratorCore(Core[object, AssignGroup]):
         return "group generator"
 
     def _handle(self, event: object) -> list[AssignGroup]:
+        if isinstance(event, GroupRequested | GroupFinished | WorkerLost) \
+                and event.rank in self._lost:
+            return []  # sent before it was lost (or its loss told twice): it no longer counts
         if isinstance(event, GroupRequested):
             return self._on_request(event)
         if isinstance(event, GroupFinished):
@@ -296,6 +301,7 @@ class GroupGeneratorCore(Core[object, AssignGroup]):
         if not 0 <= rank < self.world:
             raise RemoteProtocolError(f"group generator: {event}: no rank {rank} in a world "
                                       f"of {self.world}")
+        self._lost.add(rank)
         self._leave(rank)
         self._waiting.pop(rank, None)
         for group in self._unfinished[rank]:

@@ -115,7 +115,6 @@ class GroupGeneratorService:
         self.workers: list[PragueWorker] = []
         self.ready_wait = sim.config.ready_wait / 1000.0 if core.policy == "ready" else None
         self._timer = 0
-        self._lost: set[int] = set()
 
     def receive(self, event: Any) -> None:
         self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
@@ -125,11 +124,7 @@ class GroupGeneratorService:
         self.receive(WorkerLost(rank=rank))
 
     def _serve(self, event: Any) -> None:
-        if event.rank in self._lost:
-            return  # sent before it was lost: it no longer counts
-        if isinstance(event, WorkerLost):
-            self._lost.add(event.rank)
-        self._send(self.core.handle(event))
+        self._send(self.core.handle(event))  # the core drops what a lost worker sent before
 
     def _expired(self, timer: int) -> None:
         if timer == self._timer and self.core.waiting:
