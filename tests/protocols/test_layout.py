@@ -8,8 +8,8 @@ from pathlib import Path
 
 import hetsync
 from hetsync.config import RunConfig
-from hetsync.protocols import available_protocols
 from hetsync.protocols.catalog import BUILTIN, PROTOCOL_OPTIONS
+from hetsync.protocols.registry import available_protocols
 
 SRC = Path(hetsync.__file__).parent
 BANNED = {"torch.distributed", "threading", "socket", "subprocess", "time"}

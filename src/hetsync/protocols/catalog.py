@@ -46,15 +46,13 @@ PROTOCOL_OPTIONS: tuple[type[Any], ...] = tuple(
     module.Options for module in _MODULES.values() if hasattr(module, "Options"))
 
 
-def check_protocol_options(config: RunConfig) -> bool:
-    """Run `config.protocol`'s own checks; False if it is not a built-in protocol."""
-    if config.protocol not in BUILTIN:
-        return False
+def check_protocol_options(config: RunConfig) -> None:
+    """Run `config.protocol`'s own checks, where it is a built-in protocol (a user's protocol
+    is checked by the registry: `hetsync.protocols.registry.validated`)."""
     check: Callable[[RunConfig], None] | None = getattr(_MODULES.get(config.protocol), "check",
                                                         None)
     if check is not None:
         check(config)
-    return True
 
 
 def essential_ranks(config: RunConfig) -> frozenset[int]:

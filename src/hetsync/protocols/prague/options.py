@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, ClassVar
 from hetsync.errors import ConfigError
 from hetsync.protocols.prague.group_generator import POLICIES, GroupGeneratorCore
 from hetsync.protocols.prague.static_schedule import static_schedule, validate_period
-from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
 
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
 
-__all__ = ["Options", "check", "group_generator", "tolerate_loss"]
+__all__ = ["PREDUCE_KINDS", "Options", "check", "group_generator", "tolerate_loss"]
+
+#: The P-Reduce implementations (`--preduce`; hetsync.transport.preduce builds them).
+PREDUCE_KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 
 
 @dataclass
