@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from hetsync.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "check_protocol_options", "essential_ranks"]
 
@@ -46,21 +46,21 @@ PROTOCOL_OPTIONS: tuple[type[Any], ...] = tuple(
     module.Options for module in _MODULES.values() if hasattr(module, "Options"))
 
 
-def check_protocol_options(config: RunConfig) -> None:
+def check_protocol_options(config: RunOptions) -> None:
     """Run `config.protocol`'s own checks, where it is a built-in protocol (a user's protocol
     is checked by the registry: `hetsync.protocols.registry.validated`)."""
-    check: Callable[[RunConfig], None] | None = getattr(_MODULES.get(config.protocol), "check",
+    check: Callable[[RunOptions], None] | None = getattr(_MODULES.get(config.protocol), "check",
                                                         None)
     if check is not None:
         check(config)
 
 
-def essential_ranks(config: RunConfig) -> frozenset[int]:
+def essential_ranks(config: RunOptions) -> frozenset[int]:
     """Under `--on-failure continue`: the ranks whose loss still ends the run (those that host
     a service: the parameter server, the Group Generator). Raise ConfigError where the
     protocol, or these options of it, cannot go on without a worker: every step of
     All-Reduce, DDP and D-PSGD needs all of them, and so does a static Prague schedule."""
-    tolerate: Callable[[RunConfig], frozenset[int]] | None = getattr(
+    tolerate: Callable[[RunOptions], frozenset[int]] | None = getattr(
         _MODULES.get(config.protocol), "tolerate_loss", None)
     if tolerate is None:
         able = ", ".join(name for name, module in _MODULES.items()
