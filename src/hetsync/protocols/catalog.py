@@ -50,7 +50,7 @@ def check_protocol_options(config: RunOptions) -> None:
     """Run `config.protocol`'s own checks, where it is a built-in protocol (a user's protocol
     is checked by the registry: `hetsync.protocols.registry.validated`)."""
     check: Callable[[RunOptions], None] | None = getattr(_MODULES.get(config.protocol), "check",
-                                                        None)
+                                                         None)
     if check is not None:
         check(config)
 

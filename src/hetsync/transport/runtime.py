@@ -1,8 +1,8 @@
 """A worker's connection to the run: rank, process group, control store and run settings.
 
-`init()` works the same under `hetsync launch`/`hetsync train` (the launcher hosts a TCPStore
-and passes its port), under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, ... from the agent) and
-in a plain single process (a world of one). The backend and compute device come from
+`join()` (`hetsync.init()`) works the same under `hetsync launch`/`hetsync train` (the launcher
+hosts a TCPStore and passes its port), under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, ... from
+the agent) and in a plain single process (a world of one). The backend and compute device come from
 `hetsync.transport.placement.place()`, the launcher's own rule: NCCL where every local worker
 has a GPU of its own, gloo otherwise; workers share GPUs round-robin.
 """
@@ -141,7 +141,7 @@ _RUNTIME: Runtime | None = None
 
 
 def current_runtime() -> Runtime:
-    """The runtime made by `init()`, or a clear error if it was not called."""
+    """The runtime made by `hetsync.init()`, or a clear error if it was not called."""
     if _RUNTIME is None:
         raise RuntimeError("hetsync.init() must be called before using hetsync's synchronizers")
     return _RUNTIME
