@@ -27,8 +27,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
 from hetsync.transport.flat import model_tensors
-from hetsync.transport.preduce import KINDS, make_preducer
+from hetsync.transport.preduce import make_preducer
 from hetsync.workloads import get_workload
 
 matplotlib.use("Agg")

@@ -40,8 +40,10 @@ from hetsync.metrics.script_evaluation import (
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.metrics.thread_cpu import ThreadCpu
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
-from hetsync.protocols import Protocol, Step, get_protocol
+from hetsync.protocols.base import Protocol
+from hetsync.protocols.registry import get_protocol
 from hetsync.slowdown import pacing
+from hetsync.step import Step
 from hetsync.transport.flat import average_model, broadcast_model
 from hetsync.transport.runtime import Runtime, current_runtime
 

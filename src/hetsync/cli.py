@@ -316,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, _terminated)
     try:
         if args.command == "protocols":
-            from hetsync.protocols import available_protocols
+            from hetsync.protocols.registry import available_protocols
 
             print("\n".join(available_protocols()))
             return 0
@@ -350,13 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _simulate(config, args)
         if args.command == "train" and _under_torchrun():
             from hetsync.launch.worker import run_under_torchrun
+            from hetsync.protocols.registry import validated
 
             config.workers = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun decides
             if config.pin or config.slowdown_spec().kind == "cpu":
                 raise ConfigError("--pin and --slowdown cpu: are applied by hetsync's launcher; "
                                   "under torchrun, pin or cap the workers yourself (taskset, "
                                   "cgroups)")
-            run_under_torchrun(config.validate().resolved())
+            run_under_torchrun(validated(config).resolved())
             return 0
         from hetsync.launch.launcher import run
 

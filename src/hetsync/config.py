@@ -10,6 +10,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,7 @@ from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
 from hetsync.metrics import strict_json
 from hetsync.network.spec import parse_network, parse_payload
-from hetsync.protocols.catalog import (
-    BUILTIN,
-    PROTOCOL_OPTIONS,
-    check_protocol_options,
-    essential_ranks,
-)
+from hetsync.protocols.catalog import PROTOCOL_OPTIONS, check_protocol_options, essential_ranks
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
 from hetsync.transport.placement import BACKENDS, DEVICES
@@ -33,7 +29,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["OPTION_HELP", "RunConfig", "load_toml"]
+__all__ = ["OPTION_HELP", "RunConfig", "default_out", "load_toml"]
 
 _CHOICES = {
     "weights": WEIGHTS,
@@ -48,13 +44,6 @@ OPTION_HELP = {name: text for options in PROTOCOL_OPTIONS for name, text in opti
 _PROTOCOL_RANGES = {kind: tuple(name for options in PROTOCOL_OPTIONS
                                 for name in getattr(options, kind))
                     for kind in ("NON_NEGATIVE", "AT_LEAST_ONE", "FINITE")}
-
-
-def _registered(name: str) -> Any:
-    """A protocol registered by a user's module (`register_protocol`), by name."""
-    from hetsync.protocols import get_protocol  # late: the registry imports the drivers
-
-    return get_protocol(name)
 
 
 @dataclass
@@ -129,11 +118,11 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         return parse_slowdown(self.slowdown, seed=self.seed)
 
     def validate(self) -> RunConfig:
-        """Raise ConfigError naming the first wrong option; return self for chaining."""
+        """Raise ConfigError naming the first wrong option; return self for chaining. The
+        checks of a protocol that a user's module registered are the registry's
+        (`hetsync.protocols.registry.validated`): config knows the built-in protocols only."""
         from hetsync.workloads import get_workload
 
-        builtin = self.protocol in BUILTIN
-        protocol = None if builtin else _registered(self.protocol)
         if not self.script:
             get_workload(self.workload)
         if self.workers < 1:
@@ -184,10 +173,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
                                   f"{self.workers} workers (ranks 0..{self.workers - 1})")
         if parse_payload(self.payload) is not None and network is None:
             raise ConfigError("--payload charges messages on an emulated network: give --network")
-        if protocol is None:
-            check_protocol_options(self)
-        else:
-            protocol.check_config(self)
+        check_protocol_options(self)
         if self.on_failure == "continue":
             essential_ranks(self)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
@@ -261,6 +247,12 @@ def _has_type(value: object, declared: str) -> bool:
     if declared == "list[str]":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     return True
+
+
+def default_out(config: RunConfig) -> Path:
+    """The run directory of a run without `--out`: its label and the time it started."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path("runs") / f"{config.label or config.protocol}-{stamp}"
 
 
 def load_toml(path: Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from hetsync.bench.suites import (
     get_suite,
 )
 from hetsync.errors import ConfigError
-from hetsync.protocols import available_protocols
+from hetsync.protocols.registry import available_protocols
 from hetsync.workloads import get_workload
 
 

@@ -7,8 +7,8 @@ import importlib
 from pathlib import Path
 
 from hetsync.config import RunConfig
-from hetsync.protocols import available_protocols
 from hetsync.protocols.catalog import BUILTIN, SIMULATED, TOLERATE_LOSS, all_variants
+from hetsync.protocols.registry import available_protocols
 
 PACKAGES = Path(importlib.import_module("hetsync.protocols").__file__).parent
 

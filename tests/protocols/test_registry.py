@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 
 from hetsync.errors import ConfigError
-from hetsync.protocols import (
+from hetsync.protocols.base import Protocol
+from hetsync.protocols.registry import (
     _REGISTRY,
-    Protocol,
     available_protocols,
     get_protocol,
     register_protocol,
@@ -23,7 +23,7 @@ def test_unknown_protocol_lists_known():
 
 
 def test_a_new_protocol_is_one_decorator(monkeypatch):
-    monkeypatch.setattr("hetsync.protocols._REGISTRY", dict(_REGISTRY))
+    monkeypatch.setattr("hetsync.protocols.registry._REGISTRY", dict(_REGISTRY))
     @register_protocol("test-noop")
     class Noop(Protocol):
         pass

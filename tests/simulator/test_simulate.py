@@ -156,7 +156,7 @@ def test_bad_input_gets_one_line(tmp_path, capsys, argv, message):
 
 
 def test_every_protocol_has_a_simulation():
-    from hetsync.protocols import available_protocols
+    from hetsync.protocols.registry import available_protocols
 
     assert set(available_protocols()) == set(SIMULATED)
 

@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hetsync.errors import ConfigError
-from hetsync.transport.preduce import KINDS, make_preducer
+from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
+from hetsync.transport.preduce import make_preducer
 
 WORLD = 8
 NUMEL = 1001  # a multiple of no group size: the ring's chunks are uneven

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hetsync.api import STOP_KEY
-from hetsync.config import RunConfig
+from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
@@ -41,6 +41,7 @@ from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.protocols.catalog import essential_ranks
+from hetsync.protocols.registry import validated
 from hetsync.transport.lost_workers import LOST_KEY
 from hetsync.transport.placement import place, visible_gpus
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
@@ -63,7 +64,7 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     what was measured, with the reason it stopped. `resume`: go on with the run in
     `config.out` from its workers' checkpoints (hetsync.launch.checkpoint)."""
     check_capacity(config.workers)  # first: validate() sizes structures by the worker count
-    config = placed(config.validate().resolved())
+    config = placed(validated(config).resolved())
     run_dir = Path(config.out) if config.out else default_out(config)
     with CpuPlacement(config, run_id=str(os.getpid())) as placement, RunLock(run_dir):
         extra: dict[str, Any] = _placement_facts(placement)
@@ -265,11 +266,6 @@ class RunLock:
     def __exit__(self, *exc: object) -> None:
         assert self._file is not None
         self._file.close()  # releases the lock
-
-
-def default_out(config: RunConfig) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{config.label or config.protocol}-{stamp}"
 
 
 def prepare_run_dir(config: RunConfig, run_dir: Path) -> None:

@@ -42,8 +42,7 @@ from hetsync.transport.flat import model_tensors
 if TYPE_CHECKING:
     from torch import nn
 
-    from hetsync.protocols.base import Step
-    from hetsync.transport.runtime import Runtime
+    from hetsync.step import Step
 
 __all__ = ["NetworkEmulator", "model_bytes"]
 
@@ -70,14 +69,17 @@ class NetworkEmulator:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_run(cls, runtime: Runtime, model: nn.Module) -> NetworkEmulator | None:
-        """The emulator the run's config asks for, or None on a free network."""
-        spec = parse_network(runtime.config.network)
+    def for_run(
+        cls, network: str, payload: str, world: int, model: nn.Module
+    ) -> NetworkEmulator | None:
+        """The emulator that a run's `--network` and `--payload` ask for, among `world`
+        workers, or None on a free network."""
+        spec = parse_network(network)
         if spec is None:
             return None
-        payload = parse_payload(runtime.config.payload)
-        scale = payload / max(model_bytes(model), 1) if payload is not None else 1.0
-        return cls(spec, runtime.world_size, time.time, scale)
+        declared = parse_payload(payload)
+        scale = declared / max(model_bytes(model), 1) if declared is not None else 1.0
+        return cls(spec, world, time.time, scale)
 
     def scaled(self, nbytes: float) -> float:
         """The declared size of a message that carries `nbytes` of the real model."""

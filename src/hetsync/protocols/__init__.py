@@ -1,53 +1,5 @@
-"""Protocols by name: a registry filled by the `@register_protocol` decorator.
+"""The protocols: one package each (see `catalog`), found by name through `registry`.
 
-A built-in protocol is one package here (see `catalog`): its driver module defines a
-`Protocol` subclass and registers it; nothing else in the tree changes. Drivers are imported
-lazily, on the first lookup, so that importing hetsync (or reading a run's options) stays
-cheap. A user's protocol registers the same way from its own module.
+Empty on purpose: importing a protocol's options or decisions (`hetsync.protocols.<x>.options`,
+`.core`) runs this file, which must therefore import no driver and no torch.
 """
-
-from __future__ import annotations
-
-import importlib
-from collections.abc import Callable
-
-from hetsync.errors import ConfigError
-from hetsync.protocols.base import Protocol, Step
-from hetsync.protocols.catalog import BUILTIN
-
-__all__ = ["Protocol", "Step", "available_protocols", "get_protocol", "register_protocol"]
-
-_REGISTRY: dict[str, type[Protocol]] = {}
-
-
-def register_protocol(name: str) -> Callable[[type[Protocol]], type[Protocol]]:
-    """Class decorator: make a Protocol subclass available as `--protocol name`."""
-
-    def register(cls: type[Protocol]) -> type[Protocol]:
-        if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"protocol {name!r} is already registered by {_REGISTRY[name]}")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return register
-
-
-def _load_builtins() -> None:
-    for name in BUILTIN:
-        importlib.import_module(f"hetsync.protocols.{name}.driver")
-
-
-def available_protocols() -> list[str]:
-    _load_builtins()
-    return sorted(_REGISTRY)
-
-
-def get_protocol(name: str) -> type[Protocol]:
-    """The protocol class called `name`; the error lists the known ones."""
-    _load_builtins()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise ConfigError(f"unknown protocol {name!r} (known: {known})") from None

@@ -1,4 +1,5 @@
-"""The one interface every protocol implements, and the per-iteration record it fills in.
+"""The one interface every protocol implements; the per-iteration record it fills in is
+`hetsync.step.Step`.
 
 The training loop (`hetsync.SyncOptimizer`) calls a protocol at three points of an iteration:
 
@@ -13,70 +14,19 @@ inside `with step.blocking():` so that it is counted as synchronisation time.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
 from hetsync.network.emulator import NetworkEmulator
+from hetsync.step import Step
 
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
     from hetsync.transport.runtime import Runtime
 
 __all__ = ["Protocol", "Step"]
-
-
-@dataclass
-class Step:
-    """One iteration of one worker, as seen by its protocol."""
-
-    iteration: int
-    """The iteration being run, counting from 1; in a resumed run from 1 again (the protocol
-    starts afresh), while the rows and stop conditions count on from the checkpoint."""
-    start: float = field(default_factory=time.perf_counter)
-    wants_stop: bool = False
-    """This worker's own stop conditions hold; known after `begin_sync()`."""
-    stop: bool = False
-    """The run stops after this iteration; protocols that must agree set it together."""
-    compute_s: float = 0.0
-    injected_delay_s: float = 0.0
-    sync_wait_s: float = 0.0
-    network_s: float = 0.0
-    """Time the emulated network added or charged (see hetsync.network.emulator)."""
-    bytes_sent: int = 0
-    skip_optimizer_step: bool = False
-    """Set by protocols whose update is applied elsewhere (the parameter server's)."""
-    extra: dict[str, float | list[list[int]]] = field(default_factory=dict)
-    """Protocol-specific figures logged with the row (e.g. a parameter server's staleness,
-    the groups a Prague worker averaged with)."""
-    on_begin_sync: Callable[[Step], None] | None = None
-    on_phase: Callable[[str], None] | None = None
-    _synced: bool = False
-
-    def begin_sync(self) -> None:
-        """Finish the emulated compute of this iteration (idempotent); see the module doc."""
-        if not self._synced:
-            self._synced = True
-            if self.on_begin_sync is not None:
-                self.on_begin_sync(self)
-
-    @contextmanager
-    def blocking(self) -> Iterator[None]:
-        """Count the time spent inside as time blocked in synchronisation."""
-        if self.on_phase is not None:
-            self.on_phase("sync")
-        began = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.sync_wait_s += time.perf_counter() - began
-            if self.on_phase is not None:
-                self.on_phase("compute")
 
 
 class Protocol:
@@ -90,7 +40,8 @@ class Protocol:
         self.runtime = runtime
         self.model = model
         self.optimizer = optimizer
-        self.network = NetworkEmulator.for_run(runtime, model)
+        self.network = NetworkEmulator.for_run(runtime.config.network, runtime.config.payload,
+                                               runtime.world_size, model)
         """The emulated network (`--network`), or None: communication is not delayed."""
 
     @classmethod

@@ -31,7 +31,7 @@ from hetsync.errors import ConfigError
 from hetsync.protocols.variant import NamedVariant
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "SIMULATED", "TOLERATE_LOSS", "all_variants",
            "check_protocol_options", "essential_ranks"]
@@ -94,23 +94,21 @@ def all_variants() -> tuple[NamedVariant, ...]:
     return tuple(variants)
 
 
-def check_protocol_options(config: RunConfig) -> bool:
-    """Run `config.protocol`'s own checks; False if it is not a built-in protocol."""
-    if config.protocol not in BUILTIN:
-        return False
-    check: Callable[[RunConfig], None] | None = getattr(_MODULES.get(config.protocol), "check",
-                                                        None)
+def check_protocol_options(config: RunOptions) -> None:
+    """Run `config.protocol`'s own checks, where it is a built-in protocol (a user's protocol
+    is checked by the registry: `hetsync.protocols.registry.validated`)."""
+    check: Callable[[RunOptions], None] | None = getattr(_MODULES.get(config.protocol), "check",
+                                                         None)
     if check is not None:
         check(config)
-    return True
 
 
-def essential_ranks(config: RunConfig) -> frozenset[int]:
+def essential_ranks(config: RunOptions) -> frozenset[int]:
     """Under `--on-failure continue`: the ranks whose loss still ends the run (those that host
     a service: the parameter server, the Group Generator). Raise ConfigError where the
     protocol, or these options of it, cannot go on without a worker: every step of
     All-Reduce, DDP and D-PSGD needs all of them, and so does a static Prague schedule."""
-    tolerate: Callable[[RunConfig], frozenset[int]] | None = getattr(
+    tolerate: Callable[[RunOptions], frozenset[int]] | None = getattr(
         _MODULES.get(config.protocol), "tolerate_loss", None)
     if tolerate is None:
         raise ConfigError(f"--on-failure continue: {config.protocol} cannot go on without a "

@@ -20,14 +20,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hetsync.config import RunConfig
+from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, Deadlock
 from hetsync.faults import KINDS, parse_faults
 from hetsync.launch.launcher import (
     RunLock,
     RunResult,
     check_capacity,
-    default_out,
     prepare_run_dir,
 )
 from hetsync.metrics import strict_json
@@ -35,6 +34,7 @@ from hetsync.metrics.summary import summarize_rows, write_summary
 from hetsync.network.emulator import model_bytes
 from hetsync.network.spec import parse_payload
 from hetsync.protocols.catalog import SIMULATED, essential_ranks
+from hetsync.protocols.registry import validated
 from hetsync.simulator.costs import LOCAL_NETWORK, SERVICE_S, Costs
 from hetsync.simulator.math import MathModel
 from hetsync.simulator.world import Simulation, SimWorker
@@ -121,7 +121,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
         per_worker += 4 * model_bytes(get_workload(config.workload).build_model())
     # Before validate(), which builds structures as large as the run (Prague's GG).
     check_capacity(config.workers, per_worker=per_worker, what="simulated workers")
-    config = config.validate().resolved()
+    config = validated(config).resolved()
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
         prepare_run_dir(config, run_dir)

@@ -3,7 +3,7 @@ how they are packed. The only calls into torch.distributed's communication in he
 (tests/transport/test_layout.py checks), so that every buffer passes its link's device check
 before it travels: a CUDA tensor can never reach gloo unnoticed, nor a host one NCCL.
 
-A worker has two links (`Links`, built once by `hetsync.transport.runtime.init`):
+A worker has two links (`Links`, built once by `hetsync.transport.runtime.join`):
 
 - ``direct``: the default process group, for collectives and sends to known peers (all-reduce,
   DDP's hook, D-PSGD, P-Reduce, the model broadcast and average). Its buffers live on the

@@ -56,11 +56,11 @@ from hetsync.errors import ConfigError
 from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.model import Message
 from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce
+from hetsync.protocols.prague.options import PREDUCE_KINDS
 from hetsync.transport.links import Link
 
-__all__ = ["KINDS", "PReducer", "make_preducer"]
+__all__ = ["PReducer", "make_preducer"]
 
-KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 Group = tuple[int, ...]
 _TAG_BASE = 1 << 20  # above the fixed tags of the other protocols
 _CREATED: Counter[Group] = Counter()  # subgroups made per member set, over all PReducers
@@ -288,7 +288,7 @@ def make_preducer(
     network: NetworkEmulator | None = None,
     link: Link | None = None,
 ) -> PReducer:
-    """The P-Reducer called `kind` (one of `KINDS`) for this rank.
+    """The P-Reducer called `kind` (one of `PREDUCE_KINDS`, Prague's `--preduce`) for this rank.
 
     ``subgroup`` needs `store`, shared by all ranks (e.g. `Runtime.store`) for the groups'
     rendezvous; `timeout` bounds its waits and `cache_size` caps its cached groups (the
@@ -304,5 +304,5 @@ def make_preducer(
         return _Subgroup(rank, world, link, store, timeout, cache_size)
     kinds: dict[str, type[PReducer]] = {"mesh": _Mesh, "ring": _Ring, "leader": _Leader}
     if kind not in kinds:
-        raise ConfigError(f"unknown P-Reduce kind {kind!r} (known: {', '.join(KINDS)})")
+        raise ConfigError(f"unknown P-Reduce kind {kind!r} (known: {', '.join(PREDUCE_KINDS)})")
     return kinds[kind](rank, world, link)

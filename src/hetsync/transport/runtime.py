@@ -1,8 +1,8 @@
 """A worker's connection to the run: rank, process group, control store and run settings.
 
-`init()` works the same under `hetsync launch`/`hetsync train` (the launcher hosts a TCPStore
-and passes its port), under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, ... from the agent) and
-in a plain single process (a world of one). The backend and compute device come from
+`join()` (`hetsync.init()`) works the same under `hetsync launch`/`hetsync train` (the launcher
+hosts a TCPStore and passes its port), under `torchrun` (RANK, WORLD_SIZE, MASTER_ADDR, ... from
+the agent) and in a plain single process (a world of one). The backend and compute device come from
 `hetsync.transport.placement.place()`, the launcher's own rule: NCCL where every local worker
 has a GPU of its own, gloo otherwise; workers share GPUs round-robin.
 """
@@ -19,21 +19,21 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from hetsync.config import RunConfig, load_toml
+from hetsync.config import RunConfig, default_out, load_toml
 from hetsync.errors import ConfigError, is_follow_on
 from hetsync.faults import FaultPlan, MessageDelay, parse_faults
 from hetsync.transport.links import Links
 from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.placement import place, visible_gpus
 
-__all__ = ["Runtime", "current_runtime", "init"]
+__all__ = ["Runtime", "current_runtime", "join", "shutdown"]
 
 #: Environment variables the launcher sets for its workers.
 ENV_STORE_PORT = "HETSYNC_STORE_PORT"
@@ -141,23 +141,17 @@ _RUNTIME: Runtime | None = None
 
 
 def current_runtime() -> Runtime:
-    """The runtime made by `init()`, or a clear error if it was not called."""
+    """The runtime made by `hetsync.init()`, or a clear error if it was not called."""
     if _RUNTIME is None:
         raise RuntimeError("hetsync.init() must be called before using hetsync's synchronizers")
     return _RUNTIME
 
 
-def init(**defaults: object) -> Runtime:
-    """Join the run: set up the process group and read the run's settings.
-
-    Keyword arguments give the run's options (for example `protocol="ddp"`) when no launcher
-    gives them: under `hetsync launch` the launcher's options (all of them, defaults included)
-    apply instead; under torchrun, `HETSYNC_CONFIG=FILE.toml` overrides them key by key.
-
-    Threads: `HETSYNC_THREADS=N` sets torch's intra-op threads; without it, a worker that
-    shares its machine with other workers (the launcher's, or torchrun's with
-    LOCAL_WORLD_SIZE > 1) gets one thread, so that workers do not fight over cores; a lone
-    process keeps torch's default (see `thread_count`).
+def join(defaults: Mapping[str, object], check_protocol: Callable[[str], object]) -> Runtime:
+    """Join the run: set up the process group and read the run's settings (idempotent); this
+    is `hetsync.init()` (hetsync.session), which documents `defaults`. `check_protocol`
+    refuses an unknown protocol name: the registry's lookup, which the transport does not
+    know (the registry sits above it, with the drivers).
     """
     global _RUNTIME
     if _RUNTIME is not None:
@@ -166,7 +160,7 @@ def init(**defaults: object) -> Runtime:
     if threads is not None:
         torch.set_num_threads(threads)
     run_dir = Path(os.environ[ENV_RUN_DIR]) if ENV_RUN_DIR in os.environ else None
-    config = _read_config(defaults, run_dir)
+    config = _read_config(defaults, run_dir, check_protocol)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -251,17 +245,14 @@ def _agree_on_run_dir(store: dist.Store, rank: int, config: RunConfig) -> Path:
     """Under torchrun without `out`: rank 0 names a fresh run directory for everyone (the
     ranks' clocks may disagree on the time stamp in the name)."""
     if rank == 0:
-        from hetsync.launch.launcher import default_out  # the launcher's naming, imported late
-
         store.set("run_dir", str(default_out(config).resolve()))
     return Path(store.get("run_dir").decode())
 
 
-def _read_config(defaults: dict[str, object], run_dir: Path | None) -> RunConfig:
-    from hetsync.protocols import get_protocol
-
+def _read_config(defaults: Mapping[str, object], run_dir: Path | None,
+                 check_protocol: Callable[[str], object]) -> RunConfig:
     config = RunConfig.from_dict(dict(defaults), source="hetsync.init()")
-    get_protocol(config.protocol)  # a wrong name fails here, in one line, not at prepare()
+    check_protocol(config.protocol)  # a wrong name fails here, in one line, not at prepare()
     if config.workers < 1:
         raise ConfigError(f"hetsync.init(): workers must be >= 1 (got {config.workers})")
     if run_dir is not None and (run_dir / "config.json").is_file():

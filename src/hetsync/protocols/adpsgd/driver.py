@@ -44,7 +44,6 @@ import torch.distributed as dist
 from torch import nn
 
 from hetsync.network.patterns import point_to_point, push_pull
-from hetsync.protocols import register_protocol
 from hetsync.protocols.adpsgd.core import (
     ADPSGDCore,
     ByeReceived,
@@ -67,6 +66,7 @@ from hetsync.protocols.adpsgd.core import (
 )
 from hetsync.protocols.adpsgd.core import Step as StepGranted
 from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.header import Frame

@@ -9,7 +9,7 @@ from hetsync.errors import ConfigError
 from hetsync.topology import build, cut_by_loss
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["Options", "check", "tolerate_loss"]
 
@@ -29,7 +29,7 @@ class Options:
     FINITE: ClassVar[tuple[str, ...]] = ()
 
 
-def check(config: RunConfig) -> None:
+def check(config: RunOptions) -> None:
     topology = build(config.topology, config.workers, config.weights)
     edge = next(((i, j) for i, j in topology.graph.edges if i % 2 == j % 2), None)
     if config.adpsgd_mode == "bipartite" and config.workers > 1 and edge is not None:
@@ -41,7 +41,7 @@ def check(config: RunConfig) -> None:
         )
 
 
-def tolerate_loss(config: RunConfig) -> frozenset[int]:
+def tolerate_loss(config: RunOptions) -> frozenset[int]:
     """`--on-failure continue`: active workers stop choosing a lost passive one and passive
     ones stop serving a lost active one, so any rank may go where the graph stays connected."""
     if config.adpsgd_mode == "naive":

@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from hetsync.network.patterns import ring_allreduce
-from hetsync.protocols import register_protocol
 from hetsync.protocols.allreduce.core import (
     AllReduceWorker,
     Finish,
@@ -26,6 +25,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
 )
 from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 

@@ -24,7 +24,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from hetsync.errors import ConfigError
 from hetsync.network.patterns import ring_allreduce
-from hetsync.protocols import register_protocol
 from hetsync.protocols.allreduce.core import (
     AllReduceWorker,
     Finish,
@@ -33,6 +32,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
 )
 from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 

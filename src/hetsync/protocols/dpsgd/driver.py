@@ -21,7 +21,6 @@ from torch import nn
 
 from hetsync.network.model import Message
 from hetsync.network.patterns import fan_out
-from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.dpsgd.core import (
     Average,
@@ -33,6 +32,7 @@ from hetsync.protocols.dpsgd.core import (
     Neighbourhood,
     flood_hops,
 )
+from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.header import Frame, float_word, word_float

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING
 from hetsync.topology import build
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["check"]
 
 
-def check(config: RunConfig) -> None:
+def check(config: RunOptions) -> None:
     build(config.topology, config.workers, config.weights).require_doubly_stochastic()

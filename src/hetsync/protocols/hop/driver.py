@@ -42,7 +42,6 @@ from torch import nn
 
 from hetsync.network.model import Message
 from hetsync.network.patterns import point_to_point
-from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.hop.core import (
     Aggregate,
@@ -62,6 +61,7 @@ from hetsync.protocols.hop.core import (
     UpdateReceived,
     Wait,
 )
+from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.header import Frame, float_word, word_float

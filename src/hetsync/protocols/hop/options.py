@@ -11,7 +11,7 @@ from hetsync.protocols.hop.core import MODES, HopConfig
 from hetsync.topology import build, cut_by_loss
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["Options", "check", "tolerate_loss"]
 
@@ -53,7 +53,7 @@ class Options:
                          skip=self.skip, skip_threshold=self.skip_threshold, mode=self.hop_mode)
 
 
-def check(config: RunConfig) -> None:
+def check(config: RunOptions) -> None:
     """Raise ConfigError if `config` cannot run Hop (before anything starts)."""
     topology = build(config.topology, config.workers, config.weights)
     if topology.dynamic:
@@ -75,7 +75,7 @@ def check(config: RunConfig) -> None:
                       "or --staleness no worker can fall behind its neighbours", stacklevel=3)
 
 
-def tolerate_loss(config: RunConfig) -> frozenset[int]:
+def tolerate_loss(config: RunOptions) -> frozenset[int]:
     """`--on-failure continue`: a lost worker leaves its neighbours' queues (they stop waiting
     for its updates and tokens), so any rank may go, as long as the graph stays connected."""
     cut = cut_by_loss(build(config.topology, config.workers, config.weights))

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from hetsync.network.patterns import ring_allreduce
-from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.localsgd.core import (
     Average,
@@ -32,6 +31,7 @@ from hetsync.protocols.localsgd.core import (
     StepDone,
     outer_nesterov,
 )
+from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 

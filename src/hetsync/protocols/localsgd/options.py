@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, ClassVar
 from hetsync.errors import ConfigError
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["OUTER_OPTIMIZERS", "Options", "check"]
 
@@ -42,6 +42,6 @@ class Options:
     FINITE: ClassVar[tuple[str, ...]] = ("outer_lr", "outer_momentum")
 
 
-def check(config: RunConfig) -> None:
+def check(config: RunOptions) -> None:
     if config.outer_momentum >= 1:
         raise ConfigError(f"--outer-momentum must be in [0, 1) (got {config.outer_momentum})")

@@ -57,7 +57,6 @@ from torch import nn
 
 from hetsync.metrics import strict_json
 from hetsync.network.patterns import point_to_point, push_pull
-from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.prague.gg_wire import FromGG, ToGG
 from hetsync.protocols.prague.group_generator import (
@@ -84,6 +83,7 @@ from hetsync.protocols.prague.worker import (
     StepFinished,
     WorkerState,
 )
+from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import unless_lost

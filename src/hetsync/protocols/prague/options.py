@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING, ClassVar
 from hetsync.errors import ConfigError
 from hetsync.protocols.prague.group_generator import POLICIES, GroupGeneratorCore
 from hetsync.protocols.prague.static_schedule import static_schedule, validate_period
-from hetsync.transport.preduce import KINDS as PREDUCE_KINDS
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
-__all__ = ["Options", "check", "group_generator", "tolerate_loss"]
+__all__ = ["PREDUCE_KINDS", "Options", "check", "group_generator", "tolerate_loss"]
+
+#: The P-Reduce implementations (`--preduce`; hetsync.transport.preduce builds them).
+PREDUCE_KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 
 
 @dataclass
@@ -69,7 +71,7 @@ class Options:
     FINITE: ClassVar[tuple[str, ...]] = ("ready_wait",)
 
 
-def group_generator(config: RunConfig) -> GroupGeneratorCore:
+def group_generator(config: RunOptions) -> GroupGeneratorCore:
     """The Group Generator's core for `config` (seeded by the run's seed)."""
     return GroupGeneratorCore(
         config.workers, config.group_size, random.Random(f"prague/{config.seed}"),
@@ -78,7 +80,7 @@ def group_generator(config: RunConfig) -> GroupGeneratorCore:
     )
 
 
-def check(config: RunConfig) -> None:
+def check(config: RunOptions) -> None:
     if not 1 <= config.group_size <= config.workers:
         raise ConfigError(f"--group-size must be in 1..{config.workers} (the number of "
                           f"workers) (got {config.group_size})")
@@ -100,7 +102,7 @@ def check(config: RunConfig) -> None:
         raise ConfigError(f"prague: {error}") from None
 
 
-def tolerate_loss(config: RunConfig) -> frozenset[int]:
+def tolerate_loss(config: RunOptions) -> frozenset[int]:
     """`--on-failure continue`: the Group Generator stops putting a lost worker in groups, and
     a group it was in finishes without it; rank 0, which hosts the Group Generator, cannot be
     lost. A static schedule has every worker in fixed groups: it cannot go on."""

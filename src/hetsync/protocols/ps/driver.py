@@ -82,7 +82,6 @@ from torch import nn
 
 from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.patterns import point_to_point
-from hetsync.protocols import register_protocol
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.ps.core import (
     Accumulate,
@@ -100,6 +99,7 @@ from hetsync.protocols.ps.core import (
     ServerDecision,
     WorkerLost,
 )
+from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import unflatten_into
 from hetsync.transport.header import Frame
 from hetsync.transport.links import Link

@@ -9,7 +9,7 @@ from hetsync.errors import ConfigError
 from hetsync.protocols.ps.core import MODES
 
 if TYPE_CHECKING:
-    from hetsync.config import RunConfig
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = ["Options", "check", "tolerate_loss"]
 
@@ -33,7 +33,7 @@ class Options:
     FINITE: ClassVar[tuple[str, ...]] = ()
 
 
-def check(config: RunConfig) -> None:
+def check(config: RunOptions) -> None:
     if config.ps_backup and config.ps_mode != "sync":
         raise ConfigError("--ps-backup applies to --ps-mode sync (async waits for no one)")
     if config.ps_backup >= config.workers:
@@ -41,7 +41,7 @@ def check(config: RunConfig) -> None:
                           f"{config.ps_backup}): a round needs at least one gradient")
 
 
-def tolerate_loss(config: RunConfig) -> frozenset[int]:
+def tolerate_loss(config: RunOptions) -> frozenset[int]:
     """`--on-failure continue`: the server stops waiting for a lost worker (a synchronous
     round closes without it); rank 0, which hosts the server, cannot be lost."""
     return frozenset({0})
