@@ -33,9 +33,9 @@ from hetsync.protocols.dpsgd.core import (
     Neighbourhood,
     flood_hops,
 )
+from hetsync.protocols.dpsgd.wire import ModelHeader, frame
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
-from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
@@ -54,7 +54,7 @@ class DPSGD(Protocol):
         config = runtime.config
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
-        self.frame = Frame.of(self.tensors, words=2)  # stop_at, time posted: float64 bits
+        self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.direct  # known peers: on the GPU under NCCL
         self.core = self._new_core(config.max_iterations)
@@ -82,7 +82,7 @@ class DPSGD(Protocol):
         [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
         assert isinstance(exchange, Exchange)
         posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
-        send = self.link.pack(self.frame, (float_word(exchange.stop_at), float_word(posted)),
+        send = self.link.pack(self.frame, ModelHeader(exchange.stop_at, posted).encode(),
                               self.tensors)
         received = {j: self.link.empty(self.frame) for j in exchange.receive_from}
         self.runtime.before_send()
@@ -103,7 +103,7 @@ class DPSGD(Protocol):
         if self.network is not None:
             self._charge_network(step, exchange, [send, *received.values()])
         for j, buf in received.items():
-            stop_at = word_float(self.frame.header(buf)[0])
+            stop_at = ModelHeader.decode(self.frame, buf).stop_at
             decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
         [average_] = decisions
         assert isinstance(average_, Average)
@@ -120,14 +120,14 @@ class DPSGD(Protocol):
                         buffers: list[torch.Tensor]) -> None:
         """The exchange is usable once the last of its messages would have arrived: the model
         sent to the out-peers and received from the in-peers, from the latest time one was
-        posted (each message's second header word; `buffers`: the one sent, then those
+        posted (each message's `ModelHeader.posted`; `buffers`: the one sent, then those
         received)."""
         assert self.network is not None
         rank = self.runtime.rank
         nbytes = self.network.scaled(self.frame.payload_bytes)
         messages = fan_out(rank, exchange.send_to, nbytes)
         messages += [Message(j, rank, nbytes) for j in exchange.receive_from]
-        posted = max(word_float(self.frame.header(buf)[1]) for buf in buffers)
+        posted = max(ModelHeader.decode(self.frame, buf).posted for buf in buffers)
         modelled = self.network.duration(messages)
         self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
 
