@@ -25,7 +25,7 @@ The decisions (roles, the partner drawn, who holds the model lock, which request
 next, who is lost) are `hetsync.protocols.adpsgd.core.ADPSGDCore`'s. The training thread, the
 receiver thread and the lost-worker watcher share the core under one condition variable, and
 whichever thread feeds an event carries out the decisions it returns (`_execute`): a grant
-meant for the other thread (a `Serve` returned by the trainer's `StepFinished`, a `Step` or a
+meant for the other thread (a `Serve` returned by the trainer's `StepFinished`, a `StepGranted` or a
 deferred `SendRequest` returned by the receiver's `Served`) is recorded, and the thread it is
 for waits on the condition until it is. The driver acts on decisions only, as the simulator
 does, so the contract the fuzzer checks is the one real runs keep.
@@ -65,8 +65,8 @@ from hetsync.protocols.adpsgd.core import (
     Served,
     ServerDone,
     StepFinished,
+    StepGranted,
 )
-from hetsync.protocols.adpsgd.core import Step as StepGranted
 from hetsync.protocols.adpsgd.wire import Header, frame
 from hetsync.protocols.base import Protocol, Step
 from hetsync.topology import build
@@ -114,7 +114,7 @@ class ADPSGD(Protocol):
         self._pending: _Pending | None = None
         # What the core granted, recorded by `_execute` (cond held) for the thread it is for:
         self._request_to: int | None = None  # SendRequest: the partner
-        self._step_granted = 0  # Step: its iteration
+        self._step_granted = 0  # StepGranted: its iteration
         self._serve_granted: int | None = None  # Serve: the client
         self._stop = False  # Finish
         self._begun = 0  # the iteration whose request was posted

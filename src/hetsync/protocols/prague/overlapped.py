@@ -21,13 +21,13 @@ from hetsync.protocols.prague.group_generator import Group
 from hetsync.protocols.prague.random_groups import RandomGroups
 from hetsync.protocols.prague.worker import (
     Decision,
-    Leave,
     MergeModels,
     PReduceFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
     StepFinished,
+    StopTraining,
     WorkerState,
 )
 from hetsync.transport.runtime import Runtime
@@ -42,7 +42,7 @@ class OverlappedGroups(RandomGroups):
 
     def __init__(self, runtime: Runtime, averager: GroupAverager) -> None:
         self._lock = threading.Lock()  # the core, the GG channel and the model
-        self._resume: queue.Queue[StartStep | Leave | BaseException] = queue.Queue()
+        self._resume: queue.Queue[StartStep | StopTraining | BaseException] = queue.Queue()
         self._comm: torch.Tensor | None = None  # the copy the P-Reduces average
         self._handed: torch.Tensor | None = None  # ... and the model it was when handed over
         self._ran: list[list[int]] = []  # groups run since the last row
@@ -75,7 +75,7 @@ class OverlappedGroups(RandomGroups):
             step.extra["preduce_s"], self._comm_preduce_s = self._comm_preduce_s, 0.0
             step.bytes_sent += self._sent_bytes
             self._sent_bytes = 0
-        step.stop = isinstance(resume, Leave)
+        step.stop = isinstance(resume, StopTraining)
 
     def _waiting_for(self) -> str:
         with self._lock:
@@ -83,9 +83,9 @@ class OverlappedGroups(RandomGroups):
             return (f"answer {'awaited' if core.awaiting_answer else 'received'}, running "
                     f"{core.running}, queued {list(core.queued)}")
 
-    def _execute(self, decisions: list[Decision]) -> StartStep | Leave | None:
+    def _execute(self, decisions: list[Decision]) -> StartStep | StopTraining | None:
         """Under the lock: merge and message the GG now, hand P-Reduces to the communication
-        thread; the step to start (or Leave), for the training thread."""
+        thread; the step to start (or StopTraining), for the training thread."""
         resume = None
         for decision in decisions:
             if isinstance(decision, MergeModels):
@@ -95,7 +95,7 @@ class OverlappedGroups(RandomGroups):
             elif isinstance(decision, RunPReduce):
                 self.inbox.put(decision)
             else:
-                assert isinstance(decision, (StartStep, Leave))
+                assert isinstance(decision, (StartStep, StopTraining))
                 resume = decision
         return resume
 

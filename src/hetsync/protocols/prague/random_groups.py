@@ -28,13 +28,13 @@ from hetsync.protocols.prague.group_generator import AssignGroup
 from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
-    Leave,
     PragueWorkerCore,
     PReduceFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
     StepFinished,
+    StopTraining,
     WorkerState,
 )
 from hetsync.transport.runtime import Runtime
@@ -86,8 +86,8 @@ class RandomGroups:
                 self.averager.preduce(group.members, step)
                 self._to_gg(Kind.FINISHED, group.id, 0.0)
                 decisions += self.core.handle(PReduceFinished(group_id=group.id))
-            elif isinstance(decision, (StartStep, Leave)):
-                step.stop = isinstance(decision, Leave)
+            elif isinstance(decision, (StartStep, StopTraining)):
+                step.stop = isinstance(decision, StopTraining)
                 return
             if not decisions:
                 decisions = self.core.handle(self._next_assignment(step))
