@@ -15,6 +15,8 @@ and from whom to wait for it, the weights, the stop) are `hetsync.protocols.dpsg
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -39,7 +41,17 @@ from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
-_Exchange = tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work], Exchange]
+
+
+@dataclass(slots=True)
+class _Posted:
+    """An exchange in flight: x_k sent, the buffers its neighbours' x_k arrive in (by rank),
+    the works of both, and the core's `Exchange` it carries out."""
+
+    send: torch.Tensor
+    received: dict[int, torch.Tensor]
+    works: list[dist.Work]
+    exchange: Exchange
 
 
 @register_protocol("dpsgd")
@@ -58,7 +70,7 @@ class DPSGD(Protocol):
         self.drift = BufferDrift(model)
         self.link = runtime.links.direct  # known peers: on the GPU under NCCL
         self.core = self._new_core(config.max_iterations)
-        self._exchange: _Exchange | None = None
+        self._exchange: _Posted | None = None
 
     def _new_core(self, max_iterations: int | None) -> DPSGDCore:
         rank = self.runtime.rank
@@ -78,7 +90,7 @@ class DPSGD(Protocol):
         if step.iteration > 1:
             self._post(step)
 
-    def _post(self, step: Step) -> _Exchange:
+    def _post(self, step: Step) -> _Posted:
         [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
         assert isinstance(exchange, Exchange)
         posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
@@ -89,16 +101,17 @@ class DPSGD(Protocol):
         works = self.link.post([(send, j) for j in exchange.send_to],
                                [(buf, j) for j, buf in received.items()], _TAG)
         step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
-        self._exchange = (send, received, works, exchange)
+        self._exchange = _Posted(send, received, works, exchange)
         return self._exchange
 
     def before_optimizer_step(self, step: Step) -> None:
-        send, received, works, exchange = self._exchange or self._post(step)
+        inflight = self._exchange or self._post(step)
+        send, received, exchange = inflight.send, inflight.received, inflight.exchange
         step.begin_sync()
         k = step.iteration
         decisions = self.core.handle(ComputeFinished(iteration=k, wants_stop=step.wants_stop))
         with step.blocking():
-            for work in works:
+            for work in inflight.works:
                 work.wait()
         if self.network is not None:
             self._charge_network(step, exchange, [send, *received.values()])
@@ -136,7 +149,7 @@ class DPSGD(Protocol):
         the run stopping, as every rank does at the same iteration) is finished, not left in
         flight; its average is not applied."""
         if self._exchange is not None:
-            for work in self._exchange[2]:
+            for work in self._exchange.works:
                 work.wait()
             self._exchange = None
 

@@ -122,7 +122,7 @@ class OverlappedGroups(RandomGroups):
                     self._background_preduce(item.group)
                     continue
                 with self._lock:
-                    resume = self._execute(self.core.handle(item[0]))
+                    resume = self._execute(self.core.handle(item.assigned))
                 if resume is not None:
                     self._resume.put(resume)
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread

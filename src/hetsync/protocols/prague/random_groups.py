@@ -17,6 +17,7 @@ import dataclasses
 import queue
 import threading
 import time
+from dataclasses import dataclass
 
 from hetsync.metrics import strict_json
 from hetsync.network.patterns import point_to_point, push_pull
@@ -41,9 +42,20 @@ from hetsync.transport.runtime import Runtime
 
 __all__ = ["RandomGroups"]
 
-Inbox = tuple[GroupAssigned, float, float] | RunPReduce | BaseException | None
-"""An assignment (with when it arrived and how long the GG held its request), a P-Reduce for
-the communication thread, a failure, or the end (None)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """An assignment, when it arrived (time.perf_counter()) and how long the GG held the
+    request it answers (seconds)."""
+
+    assigned: GroupAssigned
+    arrived: float
+    held: float
+
+
+Inbox = Arrival | RunPReduce | BaseException | None
+"""An assignment, a P-Reduce for the communication thread, a failure, or the end (None)."""
 
 
 class RandomGroups:
@@ -110,11 +122,11 @@ class RandomGroups:
             add_time(step, "gg_wait_s", began)
         if isinstance(item, BaseException):
             raise RuntimeError(f"prague: group messages failed: {item!r}") from item
-        assigned, arrived, held = item
-        if assigned.answers_request:
-            step.extra["gg_hold_s"] = float(step.extra.get("gg_hold_s", 0.0)) + held  # type: ignore[arg-type]
-        add_time(step, "wake_s", max(arrived, began))
-        return assigned
+        assert isinstance(item, Arrival)
+        if item.assigned.answers_request:
+            step.extra["gg_hold_s"] = float(step.extra.get("gg_hold_s", 0.0)) + item.held  # type: ignore[arg-type]
+        add_time(step, "wake_s", max(item.arrived, began))
+        return item.assigned
 
     def _to_gg(self, kind: Kind, value: int, flag: float) -> None:
         self.runtime.before_send()
@@ -126,7 +138,7 @@ class RandomGroups:
     def _deliver(self, assign: AssignGroup, held: float) -> None:
         """Rank 0's GG hands rank 0 its own assignments directly."""
         assigned = GroupAssigned(group=assign.group, answers_request=assign.answers_request)
-        self.inbox.put((assigned, time.perf_counter(), held))
+        self.inbox.put(Arrival(assigned, time.perf_counter(), held))
 
     def _gg_failed(self, error: BaseException) -> None:
         """Rank 0's GG failed: rank 0's threads raise it at their next wait, with its traceback,
@@ -155,7 +167,7 @@ class RandomGroups:
                     return
                 assigned = GroupAssigned(group=answer.group,
                                          answers_request=answer.answers_request)
-                self.inbox.put((assigned, time.perf_counter(), answer.held))
+                self.inbox.put(Arrival(assigned, time.perf_counter(), answer.held))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self.inbox.put(error)
 
