@@ -85,3 +85,18 @@ def test_a_dead_peer_fails_only_its_own_stream(tmp_path, declared):
         assert result["outcome"] == "ended"
     else:  # nobody says it is lost: the failed receive is a real error
         assert result["outcome"].startswith("raised") and "Connection" in result["outcome"]
+
+
+def test_a_peer_outside_the_group_is_refused_before_any_receive():
+    # gloo aborts the whole process on a receive from a rank it does not have.
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match=r"peers \[1, 2\] are not all ranks of the host "
+                                             r"link's group of 1"):
+            PeerStreams(Link("host", None, torch.device("cpu")), [1, 2], 6,
+                        lambda: torch.empty(1), lambda m: True, reuse=True, name="test")
+    finally:
+        if made:
+            dist.destroy_process_group()

@@ -160,6 +160,10 @@ class Link:
         for work in self.post(sends, receives, tag):
             work.wait()
 
+    def world_size(self) -> int:
+        """How many ranks the link's group has."""
+        return dist.get_world_size(self.group)
+
     def barrier(self) -> None:
         dist.barrier(group=self.group)
 

@@ -46,6 +46,10 @@ class PeerStreams:
                  *, reuse: bool, name: str) -> None:
         self.link = link
         self.peers = sorted(set(peers))
+        world = link.world_size()
+        if any(not 0 <= peer < world for peer in self.peers):  # gloo would crash the process
+            raise ValueError(f"{name}: peers {self.peers} are not all ranks of the "
+                             f"{link.name} link's group of {world}")
         self.tag = tag
         self._buffer = buffer
         self._last = last

@@ -27,8 +27,8 @@ from hetsync.protocols.adpsgd.core import (
     Serve,
     Served,
     ServerDone,
-    Step,
     StepFinished,
+    StepGranted,
     roles,
 )
 
@@ -57,12 +57,13 @@ def test_active_loads_the_reply_once_both_it_and_the_gradient_are_in():
     core = _core(1, [0])
     assert core.handle(IterationStarted(iteration=1)) == [SendRequest(partner=0, iteration=1)]
     assert core.handle(ComputeFinished(iteration=1)) == []
-    assert core.handle(ReplyReceived(src=0)) == [LoadAverage(partner=0), Step(iteration=1)]
+    assert core.handle(ReplyReceived(src=0)) == [LoadAverage(partner=0), StepGranted(iteration=1)]
     assert core.handle(StepFinished(iteration=1, wants_stop=False)) == [
         Finish(iteration=1, stop=False)]
     core.handle(IterationStarted(iteration=2))
     assert core.handle(ReplyReceived(src=0)) == []  # early reply: loaded after the gradient
-    assert core.handle(ComputeFinished(iteration=2)) == [LoadAverage(partner=0), Step(iteration=2)]
+    assert core.handle(ComputeFinished(iteration=2)) == [LoadAverage(partner=0),
+                                                         StepGranted(iteration=2)]
     assert core.holder is Holder.FREE  # an active-only worker never takes a lock
 
 
@@ -73,7 +74,7 @@ def test_passive_serves_one_request_at_a_time_in_arrival_order_and_not_during_it
     assert core.queued == (1,) and core.serving == 3
     core.handle(IterationStarted(iteration=1))
     assert core.handle(ComputeFinished(iteration=1)) == []  # the step waits for the lock
-    assert core.handle(Served(src=3)) == [Step(iteration=1)]  # the trainer first
+    assert core.handle(Served(src=3)) == [StepGranted(iteration=1)]  # the trainer first
     assert core.handle(RequestReceived(src=5)) == []
     assert core.handle(StepFinished(iteration=1, wants_stop=True)) == [
         Finish(iteration=1, stop=True), Serve(client=1)]
@@ -108,7 +109,7 @@ def test_naive_request_waits_for_the_serve_in_progress():
     assert core.handle(RequestReceived(src=2 if partner == 1 else 1)) == []  # lock held
     core.handle(ComputeFinished(iteration=1))
     assert core.handle(ReplyReceived(src=partner)) == [LoadAverage(partner=partner),
-                                                       Step(iteration=1)]
+                                                       StepGranted(iteration=1)]
 
 
 def test_leaving_with_a_request_in_flight_loads_its_reply_then_says_goodbye():
@@ -162,7 +163,7 @@ def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
                 inbox.append((d.client, ReplyReceived(src=rank)))
             elif isinstance(d, LoadAverage):
                 x[rank] = replies.pop(rank)
-            elif isinstance(d, Step):
+            elif isinstance(d, StepGranted):
                 run(rank, cores[rank].handle(StepFinished(iteration=d.iteration,
                                                           wants_stop=False)))
                 todo[rank] -= 1
@@ -204,7 +205,7 @@ def test_a_request_to_a_partner_lost_before_replying_ends_without_an_average():
     core = _core(1, [0])
     core.handle(IterationStarted(iteration=1))
     core.handle(ComputeFinished(iteration=1))
-    assert core.handle(ReplyLost(src=0)) == [Step(iteration=1)]  # no LoadAverage
+    assert core.handle(ReplyLost(src=0)) == [StepGranted(iteration=1)]  # no LoadAverage
     core.handle(PeerLost(rank=0))
     core.handle(StepFinished(iteration=1, wants_stop=False))
     assert core.handle(IterationStarted(iteration=2)) == []  # no partner left: trains alone

@@ -27,7 +27,6 @@ from hetsync.protocols.prague.group_generator import (
 )
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
-    Leave,
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
@@ -35,6 +34,7 @@ from hetsync.protocols.prague.worker import (
     RunPReduce,
     StartStep,
     StepFinished,
+    StopTraining,
 )
 
 GG = "gg"
@@ -143,7 +143,7 @@ def simulate(world, group_size, *, steps=4, speeds=None, seed=0, timeouts=False,
             elif isinstance(decision, StartStep):
                 step(now, dst, decision.iteration)
             else:
-                assert isinstance(decision, Leave)
+                assert isinstance(decision, StopTraining)
                 left.add(dst)
                 run.steps[dst] = workers[dst].iteration
                 run.left_at[dst] = now

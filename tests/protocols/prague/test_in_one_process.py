@@ -13,13 +13,15 @@ from torch import nn
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.cores.errors import RemoteProtocolError
-from hetsync.protocols.prague.driver import _FINISHED, Prague
+from hetsync.protocols.prague.averaging import GroupAverager
+from hetsync.protocols.prague.gg_wire import Kind
+from hetsync.protocols.prague.overlapped import OverlappedGroups
 from hetsync.transport.preduce import make_preducer
 
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    hetsync.init(protocol="prague", hang_timeout=20.0, device="cpu")
+    hetsync.init(protocol="prague", workers=1, group_size=1, hang_timeout=20.0, device="cpu")
     yield
     hetsync.shutdown()
 
@@ -36,9 +38,9 @@ def test_a_group_generator_failure_is_raised_at_once_with_its_cause(overlap, mon
     monkeypatch.setattr(runtime, "config", dataclasses.replace(runtime.config, overlap=overlap))
     model = nn.Linear(4, 2)
     opt = SyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
-    prague = opt.protocol
-    assert prague.overlap == overlap and prague._gg is not None
-    prague._gg.put(0, _FINISHED, 99, 0.0)  # a group the GG never assigned: it raises
+    mode = opt.protocol.mode
+    assert isinstance(mode, OverlappedGroups) == overlap and mode.gg is not None
+    mode.gg.put(0, Kind.FINISHED, 99, 0.0)  # a group the GG never assigned: it raises
     began = time.monotonic()
     with pytest.raises(RuntimeError, match="Group Generator") as raised:
         for _ in range(3):
@@ -59,7 +61,7 @@ def test_a_group_generator_failure_is_raised_at_once_with_its_cause(overlap, mon
 def test_bytes_sent_are_what_the_preduce_kind_sends(kind, rank, buffers):
     """A group of 3: a mesh member sends 2 buffers, a ring member 2 x 2/3, a leader 2 and the
     others 1 (all were counted as a mesh's)."""
-    prague = SimpleNamespace(rank=rank, network=None, preducer=make_preducer(kind, rank, 3))
+    averager = SimpleNamespace(rank=rank, network=None, preducer=make_preducer(kind, rank, 3))
     flat = torch.zeros(12)  # 48 bytes
-    assert Prague._bytes_out(prague, flat, (0, 1, 2)) == round(48 * buffers)
-    assert Prague._bytes_out(prague, flat, (rank,)) == 0
+    assert GroupAverager.bytes_out(averager, flat, (0, 1, 2)) == round(48 * buffers)
+    assert GroupAverager.bytes_out(averager, flat, (rank,)) == 0

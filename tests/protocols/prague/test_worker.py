@@ -6,7 +6,6 @@ from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtoc
 from hetsync.protocols.prague.group_generator import Group
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
-    Leave,
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
@@ -14,6 +13,7 @@ from hetsync.protocols.prague.worker import (
     RunPReduce,
     StartStep,
     StepFinished,
+    StopTraining,
     WorkerState,
 )
 
@@ -88,7 +88,7 @@ def test_last_step_leaves_once_every_group_is_done():
         RequestGroup(rank=0, iteration=7, last=True)
     ]
     core.handle(GroupAssigned(group=MINE, answers_request=True))
-    assert core.handle(PReduceFinished(group_id=3)) == [Leave()]
+    assert core.handle(PReduceFinished(group_id=3)) == [StopTraining()]
     assert core.state is WorkerState.DONE
 
 
@@ -160,7 +160,7 @@ def test_overlap_last_step_leaves_after_its_group_and_the_queue_with_a_final_mer
     assert core.handle(GroupAssigned(group=OTHERS)) == [RunPReduce(group=OTHERS)]
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
     assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
-    assert core.handle(PReduceFinished(group_id=3)) == [MergeModels(), Leave()]
+    assert core.handle(PReduceFinished(group_id=3)) == [MergeModels(), StopTraining()]
     assert core.state is WorkerState.DONE
 
 

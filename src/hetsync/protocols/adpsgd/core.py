@@ -6,7 +6,7 @@ partner uniformly among its passive neighbours, from the injected `random.Random
 `choice` per iteration, as the real driver has always drawn), sends it its model
 (`SendRequest`) and computes its gradient meanwhile; once both the gradient and the partner's
 reply are in, it loads the average the reply carries (`LoadAverage`), then applies its gradient
-(`Step`). A passive worker serves its clients' (active neighbours') requests one at a time in
+(`StepGranted`). A passive worker serves its clients' (active neighbours') requests one at a time in
 arrival order (`Serve`: x <- (x + x_client) / 2, reply with it; then `Served`).
 
 Every passive worker has one *model lock*. Serving a request holds it, and so does a passive
@@ -27,7 +27,7 @@ client sent before it was declared lost, arriving after `PeerLost`, is dropped (
 the core, not its driver, knows under its lock who is lost. A passive worker's serving ends
 (`ServerDone`) once every client has said goodbye. Decisions are returned to whoever fed the
 event; some are for the other side of the same worker (a `Served` may grant the trainer's
-`Step`, a `StepFinished` the next `Serve`). Each event costs O(1).
+`StepGranted`, a `StepFinished` the next `Serve`). Each event costs O(1).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = [
     "ADPSGDCore", "ADPSGDState", "ByeReceived", "ComputeFinished", "Finish", "Holder",
     "IterationStarted", "Leave", "LoadAverage", "PeerLost", "ReplyLost", "ReplyReceived",
     "RequestReceived", "SendBye",
-    "SendRequest", "Serve", "Served", "ServerDone", "Step", "StepFinished", "roles",
+    "SendRequest", "Serve", "Served", "ServerDone", "StepFinished", "StepGranted", "roles",
 ]
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -151,7 +151,7 @@ class LoadAverage:
 
 
 @dataclass(**_frozen)
-class Step:
+class StepGranted:
     """Run the optimizer step of `iteration` (a passive worker holds its lock for it)."""
 
     iteration: int
@@ -186,7 +186,7 @@ class ServerDone:
 
 Event = (IterationStarted | ComputeFinished | ReplyReceived | StepFinished | Leave
          | RequestReceived | Served | ByeReceived | ReplyLost | PeerLost)
-Decision = SendRequest | LoadAverage | Step | Finish | Serve | SendBye | ServerDone
+Decision = SendRequest | LoadAverage | StepGranted | Finish | Serve | SendBye | ServerDone
 
 
 class ADPSGDState(Enum):
@@ -354,7 +354,7 @@ class ADPSGDCore(Core[Event, Decision]):
         if self.state is ADPSGDState.FINISHING:
             if not self.passive:
                 self.state = ADPSGDState.STEPPING
-                decisions.append(Step(iteration=self.iteration))
+                decisions.append(StepGranted(iteration=self.iteration))
             elif self.holder is Holder.FREE:
                 decisions += self._grant()
         return decisions
@@ -365,7 +365,7 @@ class ADPSGDCore(Core[Event, Decision]):
         if self.state is ADPSGDState.FINISHING and self.awaiting_reply_from is None \
                 and self.deferred is None and self.passive:
             self.holder, self.state = Holder.STEP, ADPSGDState.STEPPING
-            return [Step(iteration=self.iteration)]
+            return [StepGranted(iteration=self.iteration)]
         if self.deferred is not None:
             partner, self.deferred = self.deferred, None
             return [self._send(partner)]

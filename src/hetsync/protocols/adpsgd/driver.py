@@ -25,7 +25,7 @@ The decisions (roles, the partner drawn, who holds the model lock, which request
 next, who is lost) are `hetsync.protocols.adpsgd.core.ADPSGDCore`'s. The training thread, the
 receiver thread and the lost-worker watcher share the core under one condition variable, and
 whichever thread feeds an event carries out the decisions it returns (`_execute`): a grant
-meant for the other thread (a `Serve` returned by the trainer's `StepFinished`, a `Step` or a
+meant for the other thread (a `Serve` returned by the trainer's `StepFinished`, a `StepGranted` or a
 deferred `SendRequest` returned by the receiver's `Served`) is recorded, and the thread it is
 for waits on the condition until it is. The driver acts on decisions only, as the simulator
 does, so the contract the fuzzer checks is the one real runs keep.
@@ -37,6 +37,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -63,19 +64,32 @@ from hetsync.protocols.adpsgd.core import (
     Served,
     ServerDone,
     StepFinished,
+    StepGranted,
 )
-from hetsync.protocols.adpsgd.core import Step as StepGranted
+from hetsync.protocols.adpsgd.wire import Header, frame
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
-from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 _REQUEST_TAG, _REPLY_TAG = 31, 32
-_AVERAGE, _BYE = 1, 0  # a message's one header word: its kind
+
+
+@dataclass(slots=True)
+class _Pending:
+    """The averaging request in flight."""
+
+    message: torch.Tensor
+    reply: torch.Tensor
+    works: list[dist.Work]
+    posted: float
+    """When it was posted (time.time())."""
+    modelled: float
+    """Its modelled transfer time (seconds; 0 without a network model)."""
+    partner: int
 
 
 @register_protocol("adpsgd")
@@ -90,20 +104,17 @@ class ADPSGD(Protocol):
         config, rank = runtime.config, runtime.rank
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
-        self.frame = Frame.of(self.tensors, words=1)
+        self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory
         neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
         self.core = ADPSGDCore(rank, neighbours, naive=config.adpsgd_mode == "naive",
                                rng=random.Random(f"adpsgd/{config.seed}/{rank}"))
         self.cond = threading.Condition()  # guards the core, shared with the receiver thread
-        self._pending: tuple[torch.Tensor, torch.Tensor, list[dist.Work], float, float, int] | (
-            None) = None
-        """The request in flight: message, reply, its works, when it was posted (time.time()),
-        its modelled transfer time and the partner."""
+        self._pending: _Pending | None = None
         # What the core granted, recorded by `_execute` (cond held) for the thread it is for:
         self._request_to: int | None = None  # SendRequest: the partner
-        self._step_granted = 0  # Step: its iteration
+        self._step_granted = 0  # StepGranted: its iteration
         self._serve_granted: int | None = None  # Serve: the client
         self._stop = False  # Finish
         self._begun = 0  # the iteration whose request was posted
@@ -146,9 +157,10 @@ class ADPSGD(Protocol):
             if isinstance(decision, SendRequest):
                 self._request_to = decision.partner
             elif isinstance(decision, LoadAverage):
-                assert self._pending is not None and self._pending[5] == decision.partner
-                message, reply = self._pending[:2]
-                self._load(self.drift.apply(self._payload(reply), self._payload(message)))
+                pending = self._pending
+                assert pending is not None and pending.partner == decision.partner
+                self._load(self.drift.apply(self._payload(pending.reply),
+                                            self._payload(pending.message)))
             elif isinstance(decision, StepGranted):
                 self._step_granted = decision.iteration
             elif isinstance(decision, Finish):
@@ -170,7 +182,7 @@ class ADPSGD(Protocol):
             partner, self._request_to = self._request_to, None
         if partner is None:  # not active, or no partner
             return
-        message = self._message(_AVERAGE)
+        message = self._message(Header())
         reply = self.link.empty(self.frame)
         works: list[dist.Work] = []
         self.runtime.before_send()
@@ -186,7 +198,7 @@ class ADPSGD(Protocol):
         if self.network is not None:
             nbytes = self.network.scaled(self.frame.payload_bytes)
             modelled = self.network.duration(push_pull(self.runtime.rank, partner, nbytes))
-        self._pending = (message, reply, works, time.time(), modelled, partner)
+        self._pending = _Pending(message, reply, works, time.time(), modelled, partner)
 
     def before_optimizer_step(self, step: Step) -> None:
         self._started.set()
@@ -196,12 +208,13 @@ class ADPSGD(Protocol):
         self._raise_server_error()
         with self.cond:
             self._execute(self.core.handle(ComputeFinished(iteration=step.iteration)))
-        if self._pending is not None:
-            posted, modelled = self._pending[3:5]
+        pending = self._pending
+        if pending is not None:
             with step.blocking():
                 self._finish_request()
             if self.network is not None:
-                self.network.hold_until(step, posted + modelled, modelled)
+                self.network.hold_until(step, pending.posted + pending.modelled,
+                                        pending.modelled)
         with self.cond:  # a passive worker's step must not interleave with a served average
             self._wait(lambda: self._step_granted == step.iteration)
 
@@ -215,7 +228,7 @@ class ADPSGD(Protocol):
         """Wait for the partner's average and load it: the partner has already applied it,
         so not loading it would break the conservation of the sum of the models."""
         assert self._pending is not None
-        works, partner = self._pending[2], self._pending[5]
+        works, partner = self._pending.works, self._pending.partner
         if not unless_lost(self.runtime.lost, partner, lambda: [work.wait() for work in works]):
             with self.cond:
                 self._pending = None
@@ -236,7 +249,7 @@ class ADPSGD(Protocol):
             self._finish_request()
         with self.cond:
             byes, self._byes = self._byes, []
-        bye = self._message(_BYE)
+        bye = self._message(Header(bye=True))
         for partner in byes:
             unless_lost(self.runtime.lost, partner, partial(self.link.send, bye, partner,
                                                             tag=_REQUEST_TAG))
@@ -252,10 +265,10 @@ class ADPSGD(Protocol):
                 self.network is not None) else 0.0
             requests = PeerStreams(self.link, self.core.clients, _REQUEST_TAG,
                                    partial(self.link.empty, self.frame),
-                                   lambda message: self.frame.header(message) == (_BYE,),
+                                   lambda message: Header.decode(self.frame, message).bye,
                                    reuse=True, name="adpsgd-passive")
             for source, buffer in requests:
-                if self.frame.header(buffer) == (_BYE,):
+                if Header.decode(self.frame, buffer).bye:
                     with self.cond:  # dropped if the core counts the client lost already
                         self._execute(self.core.handle(ByeReceived(src=source)))
                         if self._server_done:
@@ -275,7 +288,7 @@ class ADPSGD(Protocol):
                 self._load(average)
                 with self.cond:  # the trainer may now step or send its request
                     self._execute(self.core.handle(Served(src=source)))
-                reply = self.link.pack(self.frame, (_AVERAGE,), [average])
+                reply = self.link.pack(self.frame, Header().encode(), [average])
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 self.runtime.before_send()
@@ -294,8 +307,8 @@ class ADPSGD(Protocol):
     def _flat(self) -> torch.Tensor:
         return self.link.flat(self.tensors)
 
-    def _message(self, kind: int) -> torch.Tensor:
-        return self.link.pack(self.frame, (kind,), self.tensors)
+    def _message(self, header: Header) -> torch.Tensor:
+        return self.link.pack(self.frame, header.encode(), self.tensors)
 
     def _payload(self, message: torch.Tensor) -> torch.Tensor:
         return self.frame.payload(message)

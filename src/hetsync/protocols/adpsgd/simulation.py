@@ -37,8 +37,8 @@ from hetsync.protocols.adpsgd.core import (
     Serve,
     Served,
     ServerDone,
-    Step,
     StepFinished,
+    StepGranted,
 )
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
@@ -110,7 +110,7 @@ class ADPSGDSimWorker(SimWorker):
                 self._answered.discard(decision.partner)
                 if math is not None:
                     math.load(self.rank, self._reply.pop(decision.partner))
-            elif isinstance(decision, Step):
+            elif isinstance(decision, StepGranted):
                 self.unblock()
                 if math is not None:
                     math.step(self.rank)

@@ -15,6 +15,8 @@ and from whom to wait for it, the weights, the stop) are `hetsync.protocols.dpsg
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -32,14 +34,24 @@ from hetsync.protocols.dpsgd.core import (
     Neighbourhood,
     flood_hops,
 )
+from hetsync.protocols.dpsgd.wire import ModelHeader, frame
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
-from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.runtime import Runtime
 
 _TAG = 11
-_Exchange = tuple[torch.Tensor, dict[int, torch.Tensor], list[dist.Work], Exchange]
+
+
+@dataclass(slots=True)
+class _Posted:
+    """An exchange in flight: x_k sent, the buffers its neighbours' x_k arrive in (by rank),
+    the works of both, and the core's `Exchange` it carries out."""
+
+    send: torch.Tensor
+    received: dict[int, torch.Tensor]
+    works: list[dist.Work]
+    exchange: Exchange
 
 
 @register_protocol("dpsgd")
@@ -54,11 +66,11 @@ class DPSGD(Protocol):
         config = runtime.config
         self.topology = build(config.topology, runtime.world_size, config.weights)
         self.tensors = model_tensors(model)
-        self.frame = Frame.of(self.tensors, words=2)  # stop_at, time posted: float64 bits
+        self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.direct  # known peers: on the GPU under NCCL
         self.core = self._new_core(config.max_iterations)
-        self._exchange: _Exchange | None = None
+        self._exchange: _Posted | None = None
 
     def _new_core(self, max_iterations: int | None) -> DPSGDCore:
         rank = self.runtime.rank
@@ -78,32 +90,33 @@ class DPSGD(Protocol):
         if step.iteration > 1:
             self._post(step)
 
-    def _post(self, step: Step) -> _Exchange:
+    def _post(self, step: Step) -> _Posted:
         [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
         assert isinstance(exchange, Exchange)
         posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
-        send = self.link.pack(self.frame, (float_word(exchange.stop_at), float_word(posted)),
+        send = self.link.pack(self.frame, ModelHeader(exchange.stop_at, posted).encode(),
                               self.tensors)
         received = {j: self.link.empty(self.frame) for j in exchange.receive_from}
         self.runtime.before_send()
         works = self.link.post([(send, j) for j in exchange.send_to],
                                [(buf, j) for j, buf in received.items()], _TAG)
         step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
-        self._exchange = (send, received, works, exchange)
+        self._exchange = _Posted(send, received, works, exchange)
         return self._exchange
 
     def before_optimizer_step(self, step: Step) -> None:
-        send, received, works, exchange = self._exchange or self._post(step)
+        inflight = self._exchange or self._post(step)
+        send, received, exchange = inflight.send, inflight.received, inflight.exchange
         step.begin_sync()
         k = step.iteration
         decisions = self.core.handle(ComputeFinished(iteration=k, wants_stop=step.wants_stop))
         with step.blocking():
-            for work in works:
+            for work in inflight.works:
                 work.wait()
         if self.network is not None:
             self._charge_network(step, exchange, [send, *received.values()])
         for j, buf in received.items():
-            stop_at = word_float(self.frame.header(buf)[0])
+            stop_at = ModelHeader.decode(self.frame, buf).stop_at
             decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
         [average_] = decisions
         assert isinstance(average_, Average)
@@ -120,14 +133,14 @@ class DPSGD(Protocol):
                         buffers: list[torch.Tensor]) -> None:
         """The exchange is usable once the last of its messages would have arrived: the model
         sent to the out-peers and received from the in-peers, from the latest time one was
-        posted (each message's second header word; `buffers`: the one sent, then those
+        posted (each message's `ModelHeader.posted`; `buffers`: the one sent, then those
         received)."""
         assert self.network is not None
         rank = self.runtime.rank
         nbytes = self.network.scaled(self.frame.payload_bytes)
         messages = fan_out(rank, exchange.send_to, nbytes)
         messages += [Message(j, rank, nbytes) for j in exchange.receive_from]
-        posted = max(word_float(self.frame.header(buf)[1]) for buf in buffers)
+        posted = max(ModelHeader.decode(self.frame, buf).posted for buf in buffers)
         modelled = self.network.duration(messages)
         self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
 
@@ -136,7 +149,7 @@ class DPSGD(Protocol):
         the run stopping, as every rank does at the same iteration) is finished, not left in
         flight; its average is not applied."""
         if self._exchange is not None:
-            for work in self._exchange[2]:
+            for work in self._exchange.works:
                 work.wait()
             self._exchange = None
 

@@ -61,16 +61,15 @@ from hetsync.protocols.hop.core import (
     UpdateReceived,
     Wait,
 )
+from hetsync.protocols.hop.wire import TOKEN_FRAME, TokenHeader, UpdateHeader, update_frame
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import model_tensors
-from hetsync.transport.header import Frame, float_word, word_float
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 _UPDATE_TAG, _TOKEN_TAG = 41, 42
-_END = -1  # the first header word of a channel's last message
 _Item = tuple[Event | BaseException, torch.Tensor | None]
 
 
@@ -95,9 +94,7 @@ class Hop(Protocol):
         self._sends: list[tuple[dist.Work, torch.Tensor, int]] = []
         self._running = False
         self._stopped = False
-        # headers as int64 words: an update's (tag or end, sent at), a token message's count
-        self._frames = {_UPDATE_TAG: Frame.of(self.tensors, words=2),
-                        _TOKEN_TAG: Frame(words=1, numel=0, dtype=torch.int64)}
+        self._frames = {_UPDATE_TAG: update_frame(self.tensors), _TOKEN_TAG: TOKEN_FRAME}
         self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
         self._channels = threading.Condition()
         """Guards `_open` (the neighbours whose channels have not ended, by tag) and `_lost`."""
@@ -179,7 +176,8 @@ class Hop(Protocol):
                 step.extra["tag"] = decision.iteration
             elif isinstance(decision, SendUpdate):
                 update = self.link.pack(self._frames[_UPDATE_TAG],
-                                        (decision.tag, self._stamp()), self.tensors)
+                                        UpdateHeader(decision.tag, self._stamp()).encode(),
+                                        self.tensors)
                 self._send(update, decision.to, _UPDATE_TAG, step)
             elif isinstance(decision, Aggregate):
                 self._average(decision.inputs, decision.self_weight, decision.weights)
@@ -188,7 +186,7 @@ class Hop(Protocol):
                 ages = [decision.iteration - tag for tag in decision.inputs.values()]
                 step.extra["staleness"] = max(ages, default=0)
             elif isinstance(decision, ReturnTokens):
-                self._send(self._scalar(decision.count), decision.to, _TOKEN_TAG, step)
+                self._send(self._tokens(decision.count), decision.to, _TOKEN_TAG, step)
             elif isinstance(decision, Drop):
                 for tag in decision.tags:
                     del self.updates[decision.src, tag]
@@ -205,8 +203,9 @@ class Hop(Protocol):
                     (self.link.isend(message, j, tag=tag), message, j)))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
-    def _scalar(self, value: int) -> torch.Tensor:
-        return self.link.pack(self._frames[_TOKEN_TAG], (value,))
+    def _tokens(self, count: int | None) -> torch.Tensor:
+        """A token message returning `count` tokens (None: the end marker)."""
+        return self.link.pack(TOKEN_FRAME, TokenHeader(count).encode())
 
     def _wait_sends(self) -> None:
         for work, _, to in self._sends:
@@ -246,30 +245,33 @@ class Hop(Protocol):
         """Turn messages into events until every sender has sent its end marker or was
         lost."""
         senders, frame = self._open[tag], self._frames[tag]
+        decode = UpdateHeader.decode if tag == _UPDATE_TAG else TokenHeader.decode
         messages = PeerStreams(self.link, senders, tag, partial(self.link.empty, frame),
-                               lambda message: frame.header(message)[0] == _END, reuse=False,
+                               lambda message: decode(frame, message).end, reuse=False,
                                name=threading.current_thread().name)
         try:
             for src, buffer in messages:
-                header = frame.header(buffer)[0]
-                if self.network is not None and header != _END:
-                    self._charge_network(src, tag, buffer)
-                if header == _END:
+                header = decode(frame, buffer)
+                if header.end:
                     with self._channels:
                         senders.discard(src)
                         self._channels.notify_all()
                     self.inbox.put((NeighbourLeft(rank=src), None))
-                elif tag == _UPDATE_TAG:
-                    self.inbox.put((UpdateReceived(src=src, tag=header), buffer))
+                    continue
+                if self.network is not None:
+                    self._charge_network(src, tag, buffer)
+                if isinstance(header, UpdateHeader):
+                    assert header.tag is not None
+                    self.inbox.put((UpdateReceived(src=src, tag=header.tag), buffer))
                 else:
-                    self.inbox.put((TokensReceived(src=src, count=header), None))
+                    assert header.count is not None
+                    self.inbox.put((TokensReceived(src=src, count=header.count), None))
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             self.inbox.put((error, None))
 
-    def _stamp(self) -> int:
-        """When an update is sent, on the run's clock (float64 bits): what the network model
-        charges from."""
-        return float_word(0.0 if self.network is None else self.runtime.elapsed())
+    def _stamp(self) -> float:
+        """When an update is sent, on the run's clock: what the network model charges from."""
+        return 0.0 if self.network is None else self.runtime.elapsed()
 
     def _charge_network(self, src: int, tag: int, buffer: torch.Tensor) -> None:
         """Hold a received message until its emulated arrival: an update shares its sender's
@@ -281,7 +283,7 @@ class Hop(Protocol):
             frame = self._frames[_UPDATE_TAG]
             nbytes = self.network.scaled(frame.payload_bytes)
             self.runtime.clock_started.wait()
-            sent = self.runtime.t0 + word_float(frame.header(buffer)[1])
+            sent = self.runtime.t0 + UpdateHeader.decode(frame, buffer).sent_at
             arrival = self.network.deliver(Message(src, me, nbytes), self._fan_out[src], sent)
             self.network.hold_until(None, arrival, arrival - sent)
         else:
@@ -290,8 +292,9 @@ class Hop(Protocol):
     def close(self) -> None:
         """End this worker's channels, then wait until every neighbour has ended its own."""
         self._wait_sends()
-        end = self.link.pack(self._frames[_UPDATE_TAG], (_END, self._stamp()), self.tensors)
-        token_end = self._scalar(_END)
+        end = self.link.pack(self._frames[_UPDATE_TAG], UpdateHeader(None, self._stamp()).encode(),
+                             self.tensors)
+        token_end = self._tokens(None)
         for peers, message, tag in ((self.core.out_peers, end, _UPDATE_TAG),
                                     (self.core.in_peers, token_end, _TOKEN_TAG)):
             for j in peers:

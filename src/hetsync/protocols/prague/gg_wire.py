@@ -5,13 +5,25 @@ fields (a request's flag, how long the GG held it) ride as float64 bits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import IntEnum
 
 import torch
 
 from hetsync.protocols.prague.group_generator import Group
 from hetsync.transport.header import float_word, word_float
 
-__all__ = ["FromGG", "ToGG"]
+__all__ = ["FROM_GG_TAG", "TO_GG_TAG", "FromGG", "Kind", "ToGG"]
+
+TO_GG_TAG, FROM_GG_TAG = 51, 52
+"""A worker's messages to rank 0's GG travel on one tag, its assignments back on another."""
+
+
+class Kind(IntEnum):
+    """What a worker's message to the GG says."""
+
+    REQUEST = 1  # value: the iteration it finished; flag: 1.0 if it was its last
+    FINISHED = 2  # value: the id of a group it has run
+    BYE = 3  # it leaves: no more messages from it
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,7 +40,6 @@ from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
 from hetsync.protocols.prague.worker import (
     GroupAssigned,
-    Leave,
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
@@ -48,6 +47,7 @@ from hetsync.protocols.prague.worker import (
     RunPReduce,
     StartStep,
     StepFinished,
+    StopTraining,
 )
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
@@ -168,7 +168,7 @@ class PragueWorker(SimWorker):
             self._static(iteration, wants_stop)
             return
         decisions = self.core.handle(StepFinished(iteration=iteration, last=wants_stop))
-        if self.overlap and not any(isinstance(d, (StartStep, Leave)) for d in decisions):
+        if self.overlap and not any(isinstance(d, (StartStep, StopTraining)) for d in decisions):
             self.block("the group of its previous request")
         self._run(decisions)
 
@@ -205,7 +205,7 @@ class PragueWorker(SimWorker):
             elif isinstance(decision, StartStep):
                 self._end_step()
                 self.compute(decision.iteration, self._stepped, decision.iteration)
-            elif isinstance(decision, Leave):
+            elif isinstance(decision, StopTraining):
                 self._end_step()
                 self.finish()
 

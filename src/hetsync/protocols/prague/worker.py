@@ -8,11 +8,11 @@ channels must be FIFO: a group older than one already received raises). A group 
 during a step waits for the step's end: the P-Reduce is a collective the driver runs between
 steps. The next step starts once the GG has answered this step's request and the queue is
 empty, so every step is averaged at least once and no member of a queued group is kept waiting
-for a step that need not have started. A `last` step is followed by `Leave` instead.
+for a step that need not have started. A `last` step is followed by `StopTraining` instead.
 
 Events in: `StepFinished`, `GroupAssigned` (a message from the GG), `PReduceFinished`.
 Decisions out, to execute in order: `RequestGroup` (send to the GG), `RunPReduce` (run it,
-then feed `PReduceFinished`, and tell the GG `GroupFinished`), `StartStep`, `Leave`. The
+then feed `PReduceFinished`, and tell the GG `GroupFinished`), `StartStep`, `StopTraining`. The
 core is born in COMPUTING: the driver starts step `first_iteration` by itself.
 
 Overlap (`overlap=True`, `--overlap`): the P-Reduces run beside the compute instead of
@@ -47,8 +47,8 @@ from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.prague.group_generator import Group
 
 __all__ = [
-    "Decision", "GroupAssigned", "Leave", "MergeModels", "PReduceFinished", "PragueWorkerCore",
-    "RequestGroup", "RunPReduce", "StartStep", "StepFinished", "WorkerState",
+    "Decision", "GroupAssigned", "MergeModels", "PReduceFinished", "PragueWorkerCore",
+    "RequestGroup", "RunPReduce", "StartStep", "StepFinished", "StopTraining", "WorkerState",
 ]
 
 
@@ -106,11 +106,11 @@ class StartStep:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Leave:
+class StopTraining:
     """Every group of this worker is done; it may leave the run."""
 
 
-Decision = RequestGroup | RunPReduce | MergeModels | StartStep | Leave
+Decision = RequestGroup | RunPReduce | MergeModels | StartStep | StopTraining
 
 
 class WorkerState(Enum):
@@ -118,7 +118,7 @@ class WorkerState(Enum):
     SYNCING = "syncing"  # step done; waiting for the GG's answer (overlap: for the previous
     # answer's group, or for the last one's and the queue)
     REDUCING = "reducing"  # a P-Reduce runs between steps (overlap: never; see `running`)
-    DONE = "done"  # the last step is averaged and the queue empty: Leave was returned
+    DONE = "done"  # the last step is averaged and the queue empty: StopTraining was returned
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
@@ -236,7 +236,7 @@ class PragueWorkerCore(Core[object, Decision]):
             return []
         if self._last:
             self.state = WorkerState.DONE
-            return [Leave()]
+            return [StopTraining()]
         self._iteration += 1
         self.state = WorkerState.COMPUTING
         return [StartStep(iteration=self._iteration)]
@@ -262,7 +262,7 @@ class PragueWorkerCore(Core[object, Decision]):
                     decisions.append(StartStep(iteration=self._iteration))
             elif not self._queue:
                 self.state = WorkerState.DONE
-                return [MergeModels(), Leave()]
+                return [MergeModels(), StopTraining()]
         if self._running is None and self._queue and self._handed_over:
             self._running = self._queue.popleft()
             self._started_since_request.add(self._running.id)

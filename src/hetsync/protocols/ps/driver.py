@@ -99,17 +99,15 @@ from hetsync.protocols.ps.core import (
     ServerDecision,
     WorkerLost,
 )
+from hetsync.protocols.ps.wire import PushHeader, ReplyHeader, frame
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import unflatten_into
-from hetsync.transport.header import Frame
 from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import LostWorkers, unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 PUSH_TAG, PULL_TAG = 21, 22
-_PUSH, _BYE = 1, 2
-_WORDS = 3  # int64 header words; push: kind, version, vote; reply: version, staleness, stop
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +162,7 @@ class _Server:
         self.core = PSServerCore(world, "sync" if sync else "async", backup)
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
-        self.frame = Frame(_WORDS, self.size + self.buffers.numel(), self.dtype)
+        self.frame = frame(self.size + self.buffers.numel(), self.dtype)
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
         self.delta_sum = torch.zeros_like(self.buffers)
         self.local_reply: torch.Tensor | None = None
@@ -237,17 +235,16 @@ class _Server:
         self._send(sends)
 
     def _serve(self) -> None:
-        pushes = PeerStreams(self.link, self.remote, PUSH_TAG, partial(self.link.empty, self.frame),
-                             lambda msg: self.frame.header(msg)[0] == _BYE, reuse=True,
+        pushes = PeerStreams(self.link, self.remote, PUSH_TAG,
+                             partial(self.link.empty, self.frame),
+                             lambda msg: PushHeader.decode(self.frame, msg).bye, reuse=True,
                              name="hetsync-ps")
         try:
             for src, buf in pushes:
-                bye = self.frame.header(buf)[0] == _BYE
+                bye = PushHeader.decode(self.frame, buf).bye
                 if self.network is not None and not bye:  # pushes queue at rank 0's NIC
                     self.network.occupy(point_to_point(src, 0, self._model_bytes(buf)))
-                with self.cond:
-                    if src not in self.remote:
-                        continue  # sent before its sender was lost: it no longer counts
+                with self.cond:  # the core drops what a lost worker sent before its loss
                     if bye:
                         self.remote.discard(src)
                         sends = self._leave(src)
@@ -268,8 +265,8 @@ class _Server:
     def _accept(self, msg: torch.Tensor, src: int) -> list[tuple[int, torch.Tensor]]:
         """Take one gradient and buffer change (lock held); return the replies to send to
         remote ranks."""
-        _, version, vote = self.frame.header(msg)
-        push = Push(rank=src, version=version, vote=bool(vote))
+        header = PushHeader.decode(self.frame, msg)
+        push = Push(rank=src, version=header.version, vote=header.vote)
         return self._execute(self.core.handle(push), msg)
 
     def _leave(self, rank: int) -> list[tuple[int, torch.Tensor]]:
@@ -310,8 +307,8 @@ class _Server:
         self.version += 1
 
     def _deliver(self, answer: Answer) -> list[tuple[int, torch.Tensor]]:
-        reply = self.link.pack(self.frame, (answer.version, answer.staleness, int(answer.stop)),
-                               [*self.params, self.buffers])
+        header = ReplyHeader(answer.version, answer.staleness, answer.stop)
+        reply = self.link.pack(self.frame, header.encode(), [*self.params, self.buffers])
         if 0 in answer.ranks:
             self.local_reply = reply
             self.cond.notify_all()
@@ -352,7 +349,7 @@ class ParameterServer(Protocol):
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.dtype = self.params[0].dtype
         self.loaded = _flat(self.buffers, self.dtype)  # as last loaded from the server
-        self.frame = Frame(_WORDS, sum(p.numel() for p in self.params) + self.loaded.numel(),
+        self.frame = frame(sum(p.numel() for p in self.params) + self.loaded.numel(),
                            self.dtype)
         self.reply = self.link.empty(self.frame)
         self.server = (
@@ -369,7 +366,8 @@ class ParameterServer(Protocol):
                                                 wants_stop=step.wants_stop))
         assert isinstance(push, SendPush)
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
-        msg = self.link.pack(self.frame, (_PUSH, push.version, int(push.vote)), [*grads, delta])
+        msg = self.link.pack(self.frame, PushHeader(push.version, push.vote).encode(),
+                             [*grads, delta])
         with step.blocking():
             self.runtime.before_send()
             if self.server is not None:
@@ -384,9 +382,9 @@ class ParameterServer(Protocol):
             self.link.unpack_into(payload[:split], self.params)
             self.link.unpack_into(payload[split:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)
-        version, staleness, stop = self.frame.header(reply)
-        [load] = self.core.handle(ReplyReceived(version=version, staleness=staleness,
-                                                stop=bool(stop)))
+        header = ReplyHeader.decode(self.frame, reply)
+        [load] = self.core.handle(ReplyReceived(version=header.version,
+                                                staleness=header.staleness, stop=header.stop))
         assert isinstance(load, LoadModel)
         step.extra["staleness"] = float(load.staleness)
         if load.dropped is not None:  # sync with backups: its round closed without it
@@ -428,6 +426,6 @@ class ParameterServer(Protocol):
         if self.server is not None:
             self.server.close()
         else:
-            bye = self.link.pack(self.frame, (_BYE, 0, 0),
+            bye = self.link.pack(self.frame, PushHeader(0, False, bye=True).encode(),
                                  [torch.zeros(self.frame.numel, dtype=self.dtype)])
             self.link.send(bye, 0, tag=PUSH_TAG)

@@ -1,0 +1,72 @@
+"""What every Prague mode does with a group: P-Reduce this worker's model over its members,
+charge the emulated network and count the bytes this rank sent."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from hetsync.network.emulator import NetworkEmulator
+from hetsync.protocols.base import Step
+from hetsync.transport.links import Link
+from hetsync.transport.preduce import make_preducer
+from hetsync.transport.runtime import Runtime
+
+__all__ = ["GroupAverager", "add_time"]
+
+
+def add_time(step: Step, key: str, began: float) -> None:
+    """Accumulate the seconds since `began` in the row's `key` (a step may wait several times)."""
+    step.extra[key] = float(step.extra.get(key, 0.0)) + time.perf_counter() - began  # type: ignore[arg-type]
+
+
+class GroupAverager:
+    """P-Reduces of `tensors` (the model) over groups, on `link` (known peers: on the GPU
+    under NCCL). With lost workers possible only ``mesh`` can average over the members whose
+    buffers arrived, so it is the P-Reduce used then."""
+
+    def __init__(self, runtime: Runtime, tensors: list[torch.Tensor], link: Link,
+                 network: NetworkEmulator | None) -> None:
+        self.runtime, self.rank = runtime, runtime.rank
+        self.tensors, self.link, self.network = tensors, link, network
+        kind = runtime.config.preduce if runtime.lost is None else "mesh"
+        self.preducer = make_preducer(kind, self.rank, runtime.world_size, store=runtime.store,
+                                      network=network, link=link)
+
+    def preduce(self, members: tuple[int, ...], step: Step) -> None:
+        """Average the model over `members` on the training thread (a blocking wait)."""
+        if len(members) == 1:
+            return
+        flat = self.link.flat(self.tensors)
+        with step.blocking():
+            began = time.perf_counter()
+            members = self.average(flat, members)
+            add_time(step, "preduce_s", began)
+        if self.network is not None:
+            nbytes = self.network.scaled(flat.numel() * flat.element_size())
+            self.network.after_blocking(step, self.preducer.messages(members, nbytes),
+                                        f"preduce{len(members)}", time.perf_counter() - began)
+        with torch.no_grad():
+            self.link.unpack_into(flat, self.tensors)
+        step.bytes_sent += self.bytes_out(flat, members)
+
+    def bytes_out(self, flat: torch.Tensor, members: tuple[int, ...]) -> int:
+        """What this rank sent to average `flat` over `members` with the P-Reduce kind that ran
+        (a mesh sends k-1 buffers, a ring 2(k-1)/k, a leader's member one)."""
+        real = flat.numel() * flat.element_size()
+        declared = self.network.scaled(real) if self.network is not None else real  # `auto`'s
+        sent = sum(m.nbytes for m in self.preducer.messages(members, declared)
+                   if m.src == self.rank)
+        return round(sent * real / declared) if declared else 0
+
+    def average(self, flat: torch.Tensor, members: tuple[int, ...]) -> tuple[int, ...]:
+        """P-Reduce `flat` over `members`; the members it averaged over (lost ones left out)."""
+        self.runtime.before_send()
+        if self.runtime.lost is None:
+            self.preducer.average(flat, members)
+            return members
+        return self.preducer.average_surviving(flat, members, self.runtime.lost.confirm)
+
+    def close(self) -> None:
+        self.preducer.close()

@@ -1,0 +1,158 @@
+"""Prague with random groups and `--overlap`: the P-Reduces run on a communication thread
+beside the compute, on a copy of the model that `MergeModels` folds back in (see
+`PragueWorkerCore`); the training thread only sends its request and, a step later, waits for
+that request's group if it is not done yet. Every thread feeds the core under one lock and
+executes the decisions it gets back (a merge, a message to the GG) under it, so the GG sees
+each worker's messages in the core's order; P-Reduces go to the communication thread, steps
+to the training thread."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import torch
+
+from hetsync.protocols.base import Step
+from hetsync.protocols.prague.averaging import GroupAverager, add_time
+from hetsync.protocols.prague.gg_wire import Kind
+from hetsync.protocols.prague.group_generator import Group
+from hetsync.protocols.prague.random_groups import RandomGroups
+from hetsync.protocols.prague.worker import (
+    Decision,
+    MergeModels,
+    PReduceFinished,
+    RequestGroup,
+    RunPReduce,
+    StartStep,
+    StepFinished,
+    StopTraining,
+    WorkerState,
+)
+from hetsync.transport.runtime import Runtime
+
+__all__ = ["OverlappedGroups"]
+
+
+class OverlappedGroups(RandomGroups):
+    """A worker's steps with groups from the GG, P-Reduced on a communication thread."""
+
+    overlap = True
+
+    def __init__(self, runtime: Runtime, averager: GroupAverager) -> None:
+        self._lock = threading.Lock()  # the core, the GG channel and the model
+        self._resume: queue.Queue[StartStep | StopTraining | BaseException] = queue.Queue()
+        self._comm: torch.Tensor | None = None  # the copy the P-Reduces average
+        self._handed: torch.Tensor | None = None  # ... and the model it was when handed over
+        self._ran: list[list[int]] = []  # groups run since the last row
+        self._comm_preduce_s = 0.0
+        self._sent_bytes = 0
+        super().__init__(runtime, averager)
+        self._threads.append(threading.Thread(target=self._communicate, daemon=True,
+                                              name="prague-preduce"))
+
+    def after_step(self, step: Step) -> None:
+        with self._lock:
+            decisions = self.core.handle(StepFinished(iteration=step.iteration,
+                                                      last=step.wants_stop))
+            resume = self._execute(decisions)
+        if resume is None:
+            with step.blocking():
+                began = time.perf_counter()
+                try:
+                    resume = self._resume.get(timeout=self.timeout)
+                except queue.Empty:
+                    raise TimeoutError(
+                        f"prague: rank {self.rank} waited {self.timeout:g} s after step "
+                        f"{step.iteration} for its previous group: {self._waiting_for()}"
+                    ) from None
+                add_time(step, "overlap_wait_s", began)
+        if isinstance(resume, BaseException):
+            raise RuntimeError(f"prague: the P-Reduce thread failed: {resume!r}") from resume
+        with self._lock:  # the communication thread adds to these under it
+            step.extra["groups"], self._ran = self._ran, []
+            step.extra["preduce_s"], self._comm_preduce_s = self._comm_preduce_s, 0.0
+            step.bytes_sent += self._sent_bytes
+            self._sent_bytes = 0
+        step.stop = isinstance(resume, StopTraining)
+
+    def _waiting_for(self) -> str:
+        with self._lock:
+            core = self.core
+            return (f"answer {'awaited' if core.awaiting_answer else 'received'}, running "
+                    f"{core.running}, queued {list(core.queued)}")
+
+    def _execute(self, decisions: list[Decision]) -> StartStep | StopTraining | None:
+        """Under the lock: merge and message the GG now, hand P-Reduces to the communication
+        thread; the step to start (or StopTraining), for the training thread."""
+        resume = None
+        for decision in decisions:
+            if isinstance(decision, MergeModels):
+                self._merge()
+            elif isinstance(decision, RequestGroup):
+                self._to_gg(Kind.REQUEST, decision.iteration, float(decision.last))
+            elif isinstance(decision, RunPReduce):
+                self.inbox.put(decision)
+            else:
+                assert isinstance(decision, (StartStep, StopTraining))
+                resume = decision
+        return resume
+
+    def _merge(self) -> None:
+        """x <- c + (x - s); then c = s = x (the training thread is waiting)."""
+        link, tensors = self.averager.link, self.averager.tensors
+        flat = link.flat(tensors)
+        if self._comm is not None and self._handed is not None:
+            flat.sub_(self._handed).add_(self._comm)  # exact with lr 0
+            with torch.no_grad():
+                link.unpack_into(flat, tensors)
+        self._comm, self._handed = flat, flat.clone()
+
+    def _communicate(self) -> None:
+        """The communication thread: feeds assignments to the core, runs the P-Reduces."""
+        try:
+            while self.core.state is not WorkerState.DONE:
+                item = self.inbox.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, RunPReduce):
+                    self._background_preduce(item.group)
+                    continue
+                with self._lock:
+                    resume = self._execute(self.core.handle(item.assigned))
+                if resume is not None:
+                    self._resume.put(resume)
+        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
+            self._resume.put(error)
+
+    def _background_preduce(self, group: Group) -> None:
+        comm = self._comm
+        assert comm is not None
+        began = time.perf_counter()
+        members = group.members
+        if len(members) > 1:
+            members = self.averager.average(comm, members)
+            if self.network is not None:
+                nbytes = self.network.scaled(comm.numel() * comm.element_size())
+                self.network.after_blocking(None, self.averager.preducer.messages(members, nbytes),
+                                            f"preduce{len(members)}", time.perf_counter() - began)
+        with self._lock:
+            self._ran.append([group.id, *group.members])
+            self._comm_preduce_s += time.perf_counter() - began
+            self._sent_bytes += self.averager.bytes_out(comm, members)
+            self._to_gg(Kind.FINISHED, group.id, 0.0)
+            resume = self._execute(self.core.handle(PReduceFinished(group_id=group.id)))
+        if resume is not None:
+            self._resume.put(resume)
+
+    def _fail(self, failure: BaseException) -> None:
+        """Wake the training thread's wait for a group as well as the inbox's."""
+        super()._fail(failure)
+        self._resume.put(failure)
+
+    def close(self) -> None:
+        self.inbox.put(None)  # the communication thread, if it still waits
+        super().close()

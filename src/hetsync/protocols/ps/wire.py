@@ -1,0 +1,58 @@
+"""The parameter server's message headers: a push's (kind, version, vote) and a reply's
+(version, staleness, stop), as int64 words ahead of the flat gradient or model (`Frame`), so a
+version stays exact past any dtype's integers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hetsync.transport.header import Frame
+
+__all__ = ["PushHeader", "ReplyHeader", "frame"]
+
+_WORDS = 3  # a push's and a reply's headers have the same size: one Frame for both
+_PUSH, _BYE = 1, 2
+
+
+def frame(numel: int, dtype: torch.dtype) -> Frame:
+    """The layout of every push and reply: the header, then `numel` elements of `dtype`
+    (gradient and buffer change, or model and buffers)."""
+    return Frame(_WORDS, numel, dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class PushHeader:
+    """A worker's push: the model version its gradient was computed on and its stop vote; or,
+    with `bye`, its goodbye (the payload is then ignored)."""
+
+    version: int
+    vote: bool
+    bye: bool = False
+
+    def encode(self) -> tuple[int, int, int]:
+        return (_BYE if self.bye else _PUSH, self.version, int(self.vote))
+
+    @classmethod
+    def decode(cls, frame: Frame, message: torch.Tensor) -> PushHeader:
+        kind, version, vote = frame.header(message)
+        return cls(version=version, vote=bool(vote), bye=kind == _BYE)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyHeader:
+    """The server's answer: the version of the model it carries, the push's staleness and
+    whether the worker stops."""
+
+    version: int
+    staleness: int
+    stop: bool
+
+    def encode(self) -> tuple[int, int, int]:
+        return (self.version, self.staleness, int(self.stop))
+
+    @classmethod
+    def decode(cls, frame: Frame, message: torch.Tensor) -> ReplyHeader:
+        version, staleness, stop = frame.header(message)
+        return cls(version=version, staleness=staleness, stop=bool(stop))
