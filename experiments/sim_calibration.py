@@ -7,7 +7,7 @@ Three measurements, each of what a real run spends where the simulator charges a
   each receive wakes a sleeping process); the one-way latency is half the median round trip.
   A --bulk transfer, answered by 4 bytes, gives the copy bandwidth. -> LOCAL_NETWORK.
 * group generator: the per-message cost of rank 0's Group Generator, as its two threads
-  spend it (`hetsync.protocols.prague.gg_service.GroupGeneratorService`): a receiver thread
+  spend it (`hetsync.protocols.prague.driver.gg_service.GroupGeneratorService`): a receiver thread
   `recv`s each 3-float message from any rank and queues it; the serving thread takes it, runs
   `GroupGeneratorCore.handle` and `send`s the assignments (on average one per request). Here
   rank 1 sends as fast as it can, so rank 0 is saturated and elapsed / messages is its

@@ -11,7 +11,7 @@ The layers, bottom to top (DEVELOPERS.md says what each holds):
     config     the run's options, composed from the protocols' options
     metrics    what a run measures and writes
     transport  moving bytes: transport, network.emulator, the protocols' wire formats (*wire)
-    drivers    protocols.base, protocols.registry, each protocol's driver
+    drivers    protocols.base, protocols.registry, each protocol's driver (a module, or a package)
     session    joining a run: hetsync.init (session)
     api        SyncOptimizer (api) and the public names (the hetsync package)
     launch     the launcher, its workers, monitor and checkpoints
@@ -45,6 +45,7 @@ LAYERS = ("base", "config", "metrics", "transport", "drivers", "session", "api",
 #: (pattern, layer): a module is in the layer of the first pattern it matches.
 RULES = (
     ("hetsync.protocols.*.driver", "drivers"),
+    ("hetsync.protocols.*.driver.*", "drivers"),  # a driver of several modules: a package
     ("hetsync.protocols.*.simulation", "simulator"),
     ("hetsync.protocols.*.*wire", "transport"),
     ("hetsync.protocols.base", "drivers"),

@@ -18,7 +18,7 @@ def test_every_builtin_protocol_is_a_package_with_a_driver_and_a_core():
     assert set(BUILTIN) == set(available_protocols())
     for name in BUILTIN:
         package = SRC / "protocols" / name
-        assert (package / "driver.py").is_file()
+        assert (package / "driver.py").is_file() or (package / "driver" / "__init__.py").is_file()
         assert name == "ddp" or any(package.glob("core.py")) or name == "prague"
 
 

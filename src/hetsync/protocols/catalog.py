@@ -1,7 +1,8 @@
 """The built-in protocols, found by their packages: what each brings to a run.
 
-A protocol is one package here, found by its `driver.py` (its transport over
-torch.distributed, registered under the package's name), with `core.py` (and other modules of
+A protocol is one package here, found by its driver: `driver.py`, or a `driver/` package where
+the transport takes several modules (its transport over torch.distributed, registered under
+the package's name), with `core.py` (and other modules of
 decisions, without I/O) and, by these names:
 - `options.py` (optional): an `Options` dataclass (its flags, with `HELP`, `CHOICES` and the
   range checks `NON_NEGATIVE`, `AT_LEAST_ONE`, `FINITE`), a `check(config)` function (the
@@ -38,8 +39,14 @@ __all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "SIMULATED", "TOLERATE_LOSS", "all_var
 
 #: Names of the built-in protocols: the packages beside this module that have a driver.
 _HERE = Path(__file__).parent
+
+
+def _has_driver(package: Path) -> bool:
+    return (package / "driver.py").is_file() or (package / "driver" / "__init__.py").is_file()
+
+
 BUILTIN = tuple(sorted(info.name for info in pkgutil.iter_modules([str(_HERE)])
-                       if info.ispkg and (_HERE / info.name / "driver.py").is_file()))
+                       if info.ispkg and _has_driver(_HERE / info.name)))
 
 #: The built-in protocols that have a simulation (`<package>/simulation.py`, with
 #: `build_workers(sim)`); only the simulator imports it (`hetsync.simulator.run.simulation`).

@@ -13,9 +13,9 @@ from torch import nn
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.cores.errors import RemoteProtocolError
-from hetsync.protocols.prague.averaging import GroupAverager
+from hetsync.protocols.prague.driver.averaging import GroupAverager
+from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
 from hetsync.protocols.prague.gg_wire import Kind
-from hetsync.protocols.prague.overlapped import OverlappedGroups
 from hetsync.transport.preduce import make_preducer
 
 

@@ -15,10 +15,10 @@ import time
 import torch
 
 from hetsync.protocols.base import Step
-from hetsync.protocols.prague.averaging import GroupAverager, add_time
+from hetsync.protocols.prague.driver.averaging import GroupAverager, add_time
+from hetsync.protocols.prague.driver.random_groups import RandomGroups
 from hetsync.protocols.prague.gg_wire import Kind
 from hetsync.protocols.prague.group_generator import Group
-from hetsync.protocols.prague.random_groups import RandomGroups
 from hetsync.protocols.prague.worker import (
     Decision,
     MergeModels,

@@ -7,7 +7,7 @@ conditions hold; every worker reads it before each step (`StaticStop`)."""
 from __future__ import annotations
 
 from hetsync.protocols.base import Step
-from hetsync.protocols.prague.averaging import GroupAverager
+from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
 from hetsync.transport.runtime import Runtime
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from hetsync.metrics import strict_json
 from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols.base import Step
-from hetsync.protocols.prague.averaging import GroupAverager, add_time
-from hetsync.protocols.prague.gg_service import GroupGeneratorService
+from hetsync.protocols.prague.driver.averaging import GroupAverager, add_time
+from hetsync.protocols.prague.driver.gg_service import GroupGeneratorService
 from hetsync.protocols.prague.gg_wire import FROM_GG_TAG, TO_GG_TAG, FromGG, Kind, ToGG
 from hetsync.protocols.prague.group_generator import AssignGroup
 from hetsync.protocols.prague.options import group_generator

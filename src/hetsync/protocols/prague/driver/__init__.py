@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 from hetsync.protocols.base import Protocol, Step
-from hetsync.protocols.prague.averaging import GroupAverager
-from hetsync.protocols.prague.overlapped import OverlappedGroups
-from hetsync.protocols.prague.random_groups import RandomGroups
-from hetsync.protocols.prague.static_mode import StaticMode
+from hetsync.protocols.prague.driver.averaging import GroupAverager
+from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
+from hetsync.protocols.prague.driver.random_groups import RandomGroups
+from hetsync.protocols.prague.driver.static_mode import StaticMode
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.runtime import Runtime
