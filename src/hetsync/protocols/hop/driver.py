@@ -92,6 +92,10 @@ class Hop(Protocol):
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
         self._sends: list[tuple[dist.Work, torch.Tensor, int]] = []
+        # Model-sized buffers, reused step after step (a new one is fresh pages to fault in):
+        self._spare: list[torch.Tensor] = []  # receive buffers of updates the core dropped
+        self._update_out: torch.Tensor | None = None  # this worker's update, once sent
+        self._average_out: torch.Tensor | None = None
         self._running = False
         self._stopped = False
         self._frames = {_UPDATE_TAG: update_frame(self.tensors), _TOKEN_TAG: TOKEN_FRAME}
@@ -175,10 +179,12 @@ class Hop(Protocol):
                 step.extra.setdefault("started_at", time.time())
                 step.extra["tag"] = decision.iteration
             elif isinstance(decision, SendUpdate):
-                update = self.link.pack(self._frames[_UPDATE_TAG],
-                                        UpdateHeader(decision.tag, self._stamp()).encode(),
-                                        self.tensors)
-                self._send(update, decision.to, _UPDATE_TAG, step)
+                with step.blocking():
+                    self._wait_sends()  # the last update's: long done unless a peer is stuck
+                self._update_out = self.link.pack(
+                    self._frames[_UPDATE_TAG], UpdateHeader(decision.tag, self._stamp()).encode(),
+                    self.tensors, out=self._update_out)
+                self._send(self._update_out, decision.to, _UPDATE_TAG, step)
             elif isinstance(decision, Aggregate):
                 self._average(decision.inputs, decision.self_weight, decision.weights)
                 step.extra["done_at"] = time.time()
@@ -189,13 +195,10 @@ class Hop(Protocol):
                 self._send(self._tokens(decision.count), decision.to, _TOKEN_TAG, step)
             elif isinstance(decision, Drop):
                 for tag in decision.tags:
-                    del self.updates[decision.src, tag]
+                    self._spare.append(self.updates.pop((decision.src, tag)))
         return None
 
     def _send(self, message: torch.Tensor, to: tuple[int, ...], tag: int, step: Step) -> None:
-        if tag == _UPDATE_TAG:
-            with step.blocking():
-                self._wait_sends()  # the previous iteration's: long done unless a peer is stuck
         self.runtime.before_send()
         for j in to:
             if j not in self._lost:  # a send to a peer that just died can fail at once
@@ -223,7 +226,8 @@ class Hop(Protocol):
     def _average(
         self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
     ) -> None:
-        average = self.link.flat(self.tensors).mul_(self_weight)
+        self._average_out = average = self.link.flat(self.tensors, out=self._average_out)
+        average.mul_(self_weight)
         for j, tag in inputs.items():
             average.add_(self._frames[_UPDATE_TAG].payload(self.updates[j, tag]),
                          alpha=weights[j])
@@ -241,12 +245,21 @@ class Hop(Protocol):
         """Whether every neighbour has ended its channels or was lost (`_channels` held)."""
         return not any(senders - self._lost for senders in self._open.values())
 
+    def _spare_update(self) -> torch.Tensor:
+        """A buffer to receive an update into: one whose update the core dropped, else a new
+        one (receiver threads take them, the training thread gives them back)."""
+        try:
+            return self._spare.pop()
+        except IndexError:
+            return self.link.empty(self._frames[_UPDATE_TAG])
+
     def _receive(self, tag: int) -> None:
         """Turn messages into events until every sender has sent its end marker or was
         lost."""
         senders, frame = self._open[tag], self._frames[tag]
         decode = UpdateHeader.decode if tag == _UPDATE_TAG else TokenHeader.decode
-        messages = PeerStreams(self.link, senders, tag, partial(self.link.empty, frame),
+        buffer = self._spare_update if tag == _UPDATE_TAG else partial(self.link.empty, frame)
+        messages = PeerStreams(self.link, senders, tag, buffer,
                                lambda message: decode(frame, message).end, reuse=False,
                                name=threading.current_thread().name)
         try:
