@@ -40,6 +40,7 @@ from enum import Enum
 
 from hetsync.cores.core import Core
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.topology import Topology
 
 __all__ = [
     "ADPSGDCore", "ADPSGDState", "ByeReceived", "ComputeFinished", "Finish", "Holder",
@@ -233,6 +234,14 @@ class ADPSGDCore(Core[Event, Decision]):
         self._gone: set[int] = set()  # clients that said goodbye or were lost
         self._lost: set[int] = set()  # clients declared lost (PeerLost)
         self.remaining_clients = len(self.clients)
+
+    @classmethod
+    def of_run(cls, topology: Topology, rank: int, seed: int, mode: str) -> ADPSGDCore:
+        """Rank `rank`'s core in a run: the one recipe the driver and the simulation share, so
+        that simulated workers draw the same partners as real ones (from the run's seed)."""
+        neighbours = [*topology.in_peers(rank), *topology.out_peers(rank)]
+        return cls(rank, neighbours, naive=mode == "naive",
+                   rng=random.Random(f"adpsgd/{seed}/{rank}"))
 
     @property
     def queued(self) -> tuple[int, ...]:

@@ -33,7 +33,6 @@ does, so the contract the fuzzer checks is the one real runs keep.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Callable
@@ -107,9 +106,7 @@ class ADPSGD(Protocol):
         self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory
-        neighbours = [*self.topology.in_peers(rank), *self.topology.out_peers(rank)]
-        self.core = ADPSGDCore(rank, neighbours, naive=config.adpsgd_mode == "naive",
-                               rng=random.Random(f"adpsgd/{config.seed}/{rank}"))
+        self.core = ADPSGDCore.of_run(self.topology, rank, config.seed, config.adpsgd_mode)
         self.cond = threading.Condition()  # guards the core, shared with the receiver thread
         self._pending: _Pending | None = None
         # What the core granted, recorded by `_execute` (cond held) for the thread it is for:

@@ -17,7 +17,6 @@ afterwards goes to the core, which drops it, as in the real driver.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from hetsync.protocols.adpsgd.core import (
@@ -144,12 +143,9 @@ class ADPSGDSimWorker(SimWorker):
 def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
     topology = build(config.topology, config.workers, config.weights)
-    naive = config.adpsgd_mode == "naive"
-    workers = []
-    for rank in range(sim.world):
-        neighbours = sorted(set(topology.in_peers(rank)) | set(topology.out_peers(rank)))
-        rng = random.Random(f"adpsgd/{config.seed}/{rank}")
-        workers.append(ADPSGDSimWorker(sim, rank, ADPSGDCore(rank, neighbours, naive, rng)))
+    workers = [ADPSGDSimWorker(sim, rank, ADPSGDCore.of_run(topology, rank, config.seed,
+                                                            config.adpsgd_mode))
+               for rank in range(sim.world)]
     for worker in workers:
         worker.peers = workers
         sim.subscribe(worker.lost, worker.rank)

@@ -136,6 +136,12 @@ class DPSGDCore(Core[IterationStarted | ComputeFinished | ModelReceived, Exchang
     """One D-PSGD worker's state machine (see the module doc)."""
     REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 
+    @classmethod
+    def of_run(cls, topology: _Topology, rank: int, max_iterations: int | None) -> DPSGDCore:
+        """Rank `rank`'s core in a run: the one recipe the driver and the simulation share."""
+        return cls(rank, Neighbourhood.of_topology(topology, rank), flood_hops(topology),
+                   max_iterations)
+
     def __init__(self, rank: int, phases: Sequence[Neighbourhood], hops: int,
                  max_iterations: int | None = None) -> None:
         if not phases:

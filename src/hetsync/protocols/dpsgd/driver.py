@@ -31,8 +31,6 @@ from hetsync.protocols.dpsgd.core import (
     Exchange,
     IterationStarted,
     ModelReceived,
-    Neighbourhood,
-    flood_hops,
 )
 from hetsync.protocols.dpsgd.wire import ModelHeader, frame
 from hetsync.protocols.registry import register_protocol
@@ -73,9 +71,7 @@ class DPSGD(Protocol):
         self._exchange: _Posted | None = None
 
     def _new_core(self, max_iterations: int | None) -> DPSGDCore:
-        rank = self.runtime.rank
-        return DPSGDCore(rank, Neighbourhood.of_topology(self.topology, rank),
-                         flood_hops(self.topology), max_iterations)
+        return DPSGDCore.of_run(self.topology, self.runtime.rank, max_iterations)
 
     def go_on_from(self, iteration: int) -> None:
         """Steps count from 1 again: `--max-iterations` is K - iteration of them (at least one;

@@ -18,8 +18,6 @@ from hetsync.protocols.dpsgd.core import (
     Exchange,
     IterationStarted,
     ModelReceived,
-    Neighbourhood,
-    flood_hops,
 )
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
@@ -87,9 +85,7 @@ class DPSGDSimWorker(SimWorker):
 def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
     topology = build(config.topology, config.workers, config.weights)
-    hops = flood_hops(topology)
-    workers = [DPSGDSimWorker(sim, r, DPSGDCore(r, Neighbourhood.of_topology(topology, r), hops,
-                                                 config.max_iterations))
+    workers = [DPSGDSimWorker(sim, r, DPSGDCore.of_run(topology, r, config.max_iterations))
                for r in range(sim.world)]
     for worker in workers:
         worker.peers = workers

@@ -60,6 +60,7 @@ from enum import Enum
 
 from hetsync.cores.core import Core
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.topology import Topology
 
 __all__ = [
     "Aggregate",
@@ -231,6 +232,13 @@ class State(Enum):
 
 class HopCore(Core[Event, Decision]):
     """One worker's Hop state machine (see the module doc)."""
+
+    @classmethod
+    def of_run(cls, topology: Topology, rank: int, config: HopConfig) -> HopCore:
+        """Rank `rank`'s core in a run: the one recipe the driver and the simulation share."""
+        self_weight, weights = topology.recv_weights(rank)
+        return cls(rank, topology.in_peers(rank), topology.out_peers(rank), self_weight, weights,
+                   config)
 
     def __init__(
         self,

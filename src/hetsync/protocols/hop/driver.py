@@ -83,9 +83,8 @@ class Hop(Protocol):
         super().__init__(runtime, model, optimizer)
         config, rank = runtime.config, runtime.rank
         topology = build(config.topology, runtime.world_size, config.weights)
-        in_peers, out_peers = topology.in_peers(rank), topology.out_peers(rank)
-        self_weight, weights = topology.recv_weights(rank)
-        self.core = HopCore(rank, in_peers, out_peers, self_weight, weights, config.hop_config())
+        self.core = HopCore.of_run(topology, rank, config.hop_config())
+        in_peers, out_peers = self.core.in_peers, self.core.out_peers
         self.tensors = model_tensors(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory
         self.timeout = runtime.wait_timeout

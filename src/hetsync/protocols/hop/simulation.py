@@ -131,12 +131,8 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
     topology = build(config.topology, config.workers, config.weights)
     hop = config.hop_config()
-    workers = []
-    for rank in range(config.workers):
-        self_weight, weights = topology.recv_weights(rank)
-        core = HopCore(rank, topology.in_peers(rank), topology.out_peers(rank), self_weight,
-                       weights, hop)
-        workers.append(HopWorker(sim, rank, core))
+    workers = [HopWorker(sim, rank, HopCore.of_run(topology, rank, hop))
+               for rank in range(config.workers)]
     for worker in workers:
         worker.peers = workers
         sim.subscribe(worker.lost, worker.rank)
