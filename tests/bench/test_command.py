@@ -22,11 +22,12 @@ def suite_dir(tmp_path_factory):
 
 def test_results_json_has_every_figure_per_protocol_and_setting(suite_dir):
     results = json.loads((suite_dir / "results.json").read_text())
-    assert results["runs_done"] == results["runs_total"] == 6
+    assert results["runs_done"] == results["runs_total"] == 8
     assert [s["name"] for s in results["settings"]] == ["homogeneous", "one 5x slow"]
     assert [s["step_time"] for s in results["settings"]] == [50.0, 50.0]  # what the runs used
     for setting in results["settings"]:
-        assert [row["label"] for row in setting["results"]] == ["allreduce", "ddp", "hop-skip"]
+        assert [row["label"] for row in setting["results"]] == ["allreduce", "ddp", "hop-skip",
+                                                                 "localsgd"]
         for row in setting["results"]:
             assert row["samples_per_s"] > 0
             assert 0 < row["ideal_fraction"] <= 1.05
@@ -66,7 +67,7 @@ def test_resume_with_other_options_is_refused(suite_dir, capsys):
 
 def test_resume_redoes_only_the_unfinished_run(suite_dir, capsys):
     runs = sorted(suite_dir.glob("runs/*/*/r0"))
-    assert len(runs) == 6
+    assert len(runs) == 8
     interrupted = runs[2]
     (interrupted / "summary.json").unlink()  # as if the suite was stopped during this run
     before = {run: (run / "summary.json").stat().st_mtime_ns for run in runs if run != interrupted}
@@ -74,7 +75,7 @@ def test_resume_redoes_only_the_unfinished_run(suite_dir, capsys):
     # The options come from suite.json: --out and --resume are enough.
     assert main(["bench", "--out", str(suite_dir), "--resume"]) == 0
     output = capsys.readouterr().out
-    assert "resuming: 5 of 6 runs already done" in output
+    assert "resuming: 7 of 8 runs already done" in output
     assert output.count("] ") == 1  # one run started
     assert (interrupted / "summary.json").is_file()
     assert before == {run: (run / "summary.json").stat().st_mtime_ns for run in before}

@@ -257,11 +257,11 @@ class Hop(Protocol):
         lost."""
         senders, frame = self._open[tag], self._frames[tag]
         decode = UpdateHeader.decode if tag == _UPDATE_TAG else TokenHeader.decode
-        buffer = self._spare_update if tag == _UPDATE_TAG else partial(self.link.empty, frame)
-        messages = PeerStreams(self.link, senders, tag, buffer,
-                               lambda message: decode(frame, message).end, reuse=False,
-                               name=threading.current_thread().name)
+        new = self._spare_update if tag == _UPDATE_TAG else partial(self.link.empty, frame)
         try:
+            messages = PeerStreams(self.link, senders, tag, new,
+                                   lambda message: decode(frame, message).end, reuse=False,
+                                   name=threading.current_thread().name)
             for src, buffer in messages:
                 header = decode(frame, buffer)
                 if header.end:

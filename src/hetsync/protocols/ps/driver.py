@@ -235,11 +235,11 @@ class _Server:
         self._send(sends)
 
     def _serve(self) -> None:
-        pushes = PeerStreams(self.link, self.remote, PUSH_TAG,
-                             partial(self.link.empty, self.frame),
-                             lambda msg: PushHeader.decode(self.frame, msg).bye, reuse=True,
-                             name="hetsync-ps")
         try:
+            pushes = PeerStreams(self.link, self.remote, PUSH_TAG,
+                                 partial(self.link.empty, self.frame),
+                                 lambda msg: PushHeader.decode(self.frame, msg).bye, reuse=True,
+                                 name="hetsync-ps")
             for src, buf in pushes:
                 bye = PushHeader.decode(self.frame, buf).bye
                 if self.network is not None and not bye:  # pushes queue at rank 0's NIC
