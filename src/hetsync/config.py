@@ -11,6 +11,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -325,12 +326,14 @@ def option_fields() -> tuple[dataclasses.Field[Any], ...]:
     return tuple(seen.values())
 
 
-def lift_tables(values: dict[str, Any], source: str) -> dict[str, Any]:
+def lift_tables(values: Mapping[str, Any], source: str,
+                protocol: str = RunConfig.protocol) -> dict[str, Any]:
     """Flat keys (`-` read as `_`) from TOML or JSON keys, some in a table named by the run's
-    protocol (`[hop]`); a flat key wins over the table's. A table of another protocol, a key
-    that is not its protocol's option, or a table that is not one is refused by name."""
+    protocol (`[hop]`; `values`' own `protocol`, else `protocol`); a flat key wins over the
+    table's. A table of another protocol, a key that is not its protocol's option, or a table
+    that is not one is refused by name."""
     flat = {key.replace("-", "_"): value for key, value in values.items()}
-    protocol = flat.get("protocol", RunConfig.protocol)
+    protocol = flat.get("protocol", protocol)
     lifted: dict[str, Any] = {}
     for name in [key for key in flat if key in BUILTIN]:
         table = flat.pop(name)

@@ -13,8 +13,8 @@ decisions, without I/O) and, by these names:
 - `variants.py`: `VARIANTS`, its `NamedVariant`s, one of them the default (`all_variants`),
   which the bench suites and both fuzzers run.
 A run's `RunConfig` holds the chosen protocol's `Options` (`OPTIONS_OF`), and the command line
-has a flag for every protocol's, so adding a protocol adds its package and touches nothing else (DEVELOPERS.md, "Adding a protocol"). Reading options imports no
-driver and no simulation.
+has a flag for every protocol's, so adding a protocol adds its package and touches nothing
+else (DEVELOPERS.md, "Adding a protocol"). Reading options imports no driver and no simulation.
 """
 
 from __future__ import annotations
