@@ -41,7 +41,7 @@ def test_meaningless_numbers_are_refused(options, match):
 ])
 def test_a_config_value_of_the_wrong_type_is_named(key, value, match):
     with pytest.raises(ConfigError, match=f"run.toml: {match}"):
-        RunConfig.from_dict({key: value}, source="run.toml")
+        RunConfig.from_dict({"protocol": "hop", key: value}, source="run.toml")
 
 
 def test_binary_files_are_refused_in_one_line(tmp_path):

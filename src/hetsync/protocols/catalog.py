@@ -78,7 +78,8 @@ def option_owners() -> dict[str, tuple[str, ...]]:
     return owners
 
 
-def option_clashes(run_options: Iterable[str]) -> list[str]:
+def option_clashes(run_options: Iterable[str],
+                   options_of: Mapping[str, type[Any]] = OPTIONS_OF) -> list[str]:
     """What makes a protocol option's flag ambiguous: a run option or a protocol's name of the
     same name (a TOML table is named by its protocol), or two protocols that declare one name
     with a different type, default or declaration (help, choices, range). Empty when the
@@ -86,7 +87,7 @@ def option_clashes(run_options: Iterable[str]) -> list[str]:
     declared: dict[str, tuple[str, Field[Any]]] = {}
     clashes = []
     taken = set(run_options) | set(BUILTIN)
-    for protocol, options in OPTIONS_OF.items():
+    for protocol, options in options_of.items():
         for f in fields(options):
             if f.name in taken:
                 clashes.append(f"{protocol}'s option {f.name} is also a run option or a "
