@@ -127,7 +127,7 @@ class RunConfig(_RunOptions):
 
     protocol_options: Any = None
 
-    def __init__(self, protocol_options: Any = None, **values: Any) -> None:
+    def __init__(self, *, protocol_options: Any = None, **values: Any) -> None:
         unknown = sorted(set(values) - set(_RUN_FIELDS) - set(option_owners()))
         if unknown:
             raise TypeError(f"RunConfig() got an unexpected keyword argument {unknown[0]!r}")

@@ -112,3 +112,13 @@ def test_config_json_round_trips(tmp_path, protocol):
     assert RunConfig.read(path) == config
     recorded = json.loads(path.read_text())
     assert (protocol in recorded) == (protocol in OPTIONS_OF)
+
+
+def test_hetsync_config_tables_override_inits_keywords(tmp_path, monkeypatch):
+    from hetsync.session import ENV_CONFIG, _read_config
+
+    path = tmp_path / "run.toml"
+    path.write_text("[hop]\nmax_gap = 4\n")
+    monkeypatch.setenv(ENV_CONFIG, str(path))
+    config = _read_config({"protocol": "hop", "max_gap": 2, "backup": 1}, None)
+    assert (config.max_gap, config.backup) == (4, 1)

@@ -30,7 +30,7 @@ class OptionSpec:
     """The default in words where it is not a value (None: 'the power-of-two schedule')."""
 
 
-def option(default: Any, *, help: str, choices: tuple[str, ...] = (),  # noqa: A002
+def option(default: Any, *, help: str, choices: tuple[str, ...] = (),
            at_least: int | None = None, finite: bool = False,
            default_text: str | None = None) -> Any:
     """A dataclass field for an `Options` class: `max_gap: int = option(8, help=...)`."""
