@@ -150,6 +150,7 @@ class RunConfig(_RunOptions):
         return getattr(options, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        """A protocol option set on the config lands in `protocol_options`: one place each."""
         options = self.__dict__.get("protocol_options")
         if name not in _RUN_FIELDS and name != "protocol_options" and options is not None \
                 and any(f.name == name for f in dataclasses.fields(options)):
