@@ -150,7 +150,7 @@ def test_collectives_on_a_world_of_one(world_of_one):
 def test_ddp_under_nccl_with_a_model_on_the_cpu_is_a_config_error():
     runtime = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"),
                       backend="nccl", config=RunConfig(protocol="ddp"), store=dist.HashStore(),
-                      t0=time.time(), run_dir=None, launched=False)
+                      t0=time.time(), run_dir=None, launched=False, hang_timeout=20.0)
     model = nn.Linear(2, 1)
     with pytest.raises(ConfigError, match="ddp: --backend nccl .* model is on cpu"):
         DDP(runtime, model, torch.optim.SGD(model.parameters(), lr=0.1))
