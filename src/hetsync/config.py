@@ -142,12 +142,18 @@ class RunConfig(_RunOptions):
         self.protocol_options = _options_for(self.protocol, protocol_options, values)
 
     def __getattr__(self, name: str) -> Any:
-        """The chosen protocol's options (fields and methods), as attributes."""
+        """The chosen protocol's options (fields and methods), as attributes. Another
+        protocol's read as its defaults: a script may run another protocol than the run's
+        (`SyncOptimizer(..., protocol=...)`), which then has no options of the run's."""
         options = self.__dict__.get("protocol_options")
-        if name.startswith("__") or options is None or not hasattr(options, name):
-            raise AttributeError(f"{type(self).__name__} of protocol "
-                                 f"{self.__dict__.get('protocol')!r} has no option {name!r}")
-        return getattr(options, name)
+        if not name.startswith("__"):
+            if options is not None and hasattr(options, name):
+                return getattr(options, name)
+            for cls in OPTIONS_OF.values():
+                if not isinstance(options, cls) and hasattr(defaults := cls(), name):
+                    return getattr(defaults, name)
+        raise AttributeError(f"{type(self).__name__} of protocol "
+                             f"{self.__dict__.get('protocol')!r} has no option {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
         """A protocol option set on the config lands in `protocol_options`: one place each."""

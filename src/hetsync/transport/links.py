@@ -89,8 +89,8 @@ class Link:
         pages, faulted in on first write (a 45 MB one costs tens of ms more than a reused
         one)."""
         numel = sum(t.numel() for t in tensors)
-        if out is None:
-            out = self._empty(numel + len(extra), tensors[0].dtype)
+        if out is None or out.numel() != numel + len(extra) or out.dtype != tensors[0].dtype:
+            out = self._empty(numel + len(extra), tensors[0].dtype)  # (the model changed)
         _fill(out[:numel], tensors)
         if extra:
             out[numel:].copy_(torch.tensor(extra, dtype=out.dtype))

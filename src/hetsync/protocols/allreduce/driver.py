@@ -40,6 +40,8 @@ class AllReduce(Protocol):
         super().__init__(runtime, model, optimizer)
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self.link = runtime.links.direct
+        self._flat: torch.Tensor | None = None
+        """The gradients' buffer, reused step after step (Link.flat says why)."""
 
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
@@ -53,7 +55,10 @@ class AllReduce(Protocol):
         [reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
                                                    wants_stop=step.wants_stop))
         assert isinstance(reduce, Reduce)
-        flat = self.link.flat(grads + buffers, float(reduce.vote))
+        if world == 1:  # alone, nothing to average: the real suites' solo reference
+            self._finish(step, int(reduce.vote))
+            return
+        self._flat = flat = self.link.flat(grads + buffers, float(reduce.vote), out=self._flat)
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
@@ -65,11 +70,13 @@ class AllReduce(Protocol):
                                         time.perf_counter() - began)
         with torch.no_grad():
             self.link.unpack_into(flat[:-1], grads + buffers)
-        votes = round(float(flat[-1]))
+        step.bytes_sent += ring_allreduce_bytes(flat, world)
+        self._finish(step, round(float(flat[-1])))
+
+    def _finish(self, step: Step, votes: int) -> None:
         [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=votes))
         assert isinstance(finish, Finish)
         step.stop = finish.stop
-        step.bytes_sent += ring_allreduce_bytes(flat, world)
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: the stop decision was agreed in the all-reduce."""
