@@ -338,7 +338,8 @@ class SyncOptimizer(torch.optim.Optimizer):
         evaluator = Evaluator(rt.run_dir, rt.world_size, measure, per_worker=False,
                               keep_snapshots=rt.config.keep_snapshots, on_consensus=on_consensus,
                               target_loss=rt.config.target_loss)
-        return EvaluationThread(evaluator, poll=evaluate is not None)
+        # Pinned, rank 0's core is its own: its evaluation takes only what training leaves.
+        return EvaluationThread(evaluator, poll=evaluate is not None, yield_cpu=rt.config.pin)
 
     def _wants_stop(self, iteration: int) -> bool:
         config = self.runtime.config

@@ -4,8 +4,9 @@ hetsync cannot rebuild a user's model in another process, so rank 0 evaluates it
 beside its own training: every `--eval-every` seconds it averages the newest complete set of
 the workers' snapshots into a copy of the model and calls the script's function on it. That
 keeps evaluation off every worker's critical path but costs rank 0 the CPU the function uses;
-a heavy evaluation wants a larger `--eval-every`. Without a function, only the final set is
-read, for the consensus distance of the final models.
+a heavy evaluation wants a larger `--eval-every`. Under `--pin` it runs at the lowest priority
+instead, so that rank 0 keeps its cores (fewer evaluations while it trains). Without a
+function, only the final set is read, for the consensus distance of the final models.
 """
 
 from __future__ import annotations

@@ -73,6 +73,16 @@ class PReducer:
         self.rank = rank
         self.world = world
         self.link = link
+        self._scratch: torch.Tensor | None = None
+
+    def _parts(self, rows: int, flat: torch.Tensor) -> torch.Tensor:
+        """`rows` buffers like `flat`, to receive into: kept from call to call (a new one
+        per average of a 45 MB model costs tens of ms of page faults, see Link.flat)."""
+        need, scratch = rows * flat.numel(), self._scratch
+        if scratch is None or scratch.numel() < need or scratch.dtype != flat.dtype \
+                or scratch.device != flat.device:
+            self._scratch = scratch = flat.new_empty(need)
+        return scratch[:need].view(rows, flat.numel())
 
     def average(self, flat: torch.Tensor, group: Group) -> None:
         """Replace `flat` (1-D, contiguous, same size on all members) by the members' mean.
@@ -118,7 +128,7 @@ class _Mesh(PReducer):
         return mesh_reduce(group, nbytes)
 
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
-        parts, tag = flat.new_empty((len(group), flat.numel())), _tag(group)
+        parts, tag = self._parts(len(group), flat), _tag(group)
         peers = [(peer, part) for peer, part in zip(group, parts, strict=True)
                  if peer != self.rank]
         self.link.exchange([(flat, peer) for peer, _ in peers],
@@ -133,7 +143,7 @@ class _Mesh(PReducer):
                           confirm: Callable[[int, BaseException], None]) -> Group:
         """Averages over the members whose buffer arrived (see the base class): a member
         lost after sending counts, so two survivors may disagree on it."""
-        parts, tag = flat.new_empty((len(group), flat.numel())), _tag(group)
+        parts, tag = self._parts(len(group), flat), _tag(group)
         heard = {self.rank: flat}
         posted: list[tuple[int, torch.Tensor, list[dist.Work]]] = []
         for peer, part in zip(group, parts, strict=True):
@@ -166,7 +176,7 @@ class _Ring(PReducer):
         k, me, tag = len(group), group.index(self.rank), _tag(group)
         nxt, prv = group[(me + 1) % k], group[(me - 1) % k]
         chunks = flat.tensor_split(k)
-        buf = flat.new_empty(chunks[0].numel())
+        buf = self._parts(1, chunks[0])[0]
         for s in range(k - 1):  # reduce-scatter: member me ends owning chunk me+1
             into = chunks[(me - s - 1) % k]
             self.link.exchange([(chunks[(me - s) % k], nxt)], [(buf[: into.numel()], prv)], tag)
@@ -188,7 +198,7 @@ class _Leader(PReducer):
             self.link.send(flat, group[0], tag=tag)
             self.link.recv(flat, group[0], tag=tag)
             return
-        parts = flat.new_empty((len(group) - 1, flat.numel()))
+        parts = self._parts(len(group) - 1, flat)
         self.link.exchange([], list(zip(parts, group[1:], strict=True)), tag)
         for part in parts:
             flat.add_(part)

@@ -69,6 +69,8 @@ class DPSGD(Protocol):
         self.link = runtime.links.direct  # known peers: on the GPU under NCCL
         self.core = self._new_core(config.max_iterations)
         self._exchange: _Posted | None = None
+        self._spare: list[torch.Tensor] = []  # message buffers no exchange is using
+        self._average: torch.Tensor | None = None
 
     def _new_core(self, max_iterations: int | None) -> DPSGDCore:
         return DPSGDCore.of_run(self.topology, self.runtime.rank, max_iterations)
@@ -91,8 +93,8 @@ class DPSGD(Protocol):
         assert isinstance(exchange, Exchange)
         posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
         send = self.link.pack(self.frame, ModelHeader(exchange.stop_at, posted).encode(),
-                              self.tensors)
-        received = {j: self.link.empty(self.frame) for j in exchange.receive_from}
+                              self.tensors, out=self._buffer())
+        received = {j: self._buffer() for j in exchange.receive_from}
         self.runtime.before_send()
         works = self.link.post([(send, j) for j in exchange.send_to],
                                [(buf, j) for j, buf in received.items()], _TAG)
@@ -117,13 +119,21 @@ class DPSGD(Protocol):
         [average_] = decisions
         assert isinstance(average_, Average)
         sent = self.frame.payload(send)
-        average = sent * average_.self_weight
+        if self._average is None:
+            self._average = torch.empty_like(sent)
+        average = torch.mul(sent, average_.self_weight, out=self._average)
         for j, buf in received.items():
             average.add_(self.frame.payload(buf), alpha=average_.weights[j])
         with torch.no_grad():
             self.link.unpack_into(self.drift.apply(average, sent), self.tensors)
         step.stop = average_.stop
         self._exchange = None
+        self._spare += [send, *received.values()]  # the exchange is over: free again
+
+    def _buffer(self) -> torch.Tensor:
+        """A message buffer: one a finished exchange left, else a new one (reused because a
+        new model-sized buffer costs page faults, see Link.flat)."""
+        return self._spare.pop() if self._spare else self.link.empty(self.frame)
 
     def _charge_network(self, step: Step, exchange: Exchange,
                         buffers: list[torch.Tensor]) -> None:

@@ -30,6 +30,7 @@ class GroupAverager:
                  network: NetworkEmulator | None) -> None:
         self.runtime, self.rank = runtime, runtime.rank
         self.tensors, self.link, self.network = tensors, link, network
+        self._flat: torch.Tensor | None = None  # the model's buffer, reused (Link.flat: why)
         kind = runtime.config.preduce if runtime.lost is None else "mesh"
         self.preducer = make_preducer(kind, self.rank, runtime.world_size, store=runtime.store,
                                       network=network, link=link)
@@ -38,7 +39,7 @@ class GroupAverager:
         """Average the model over `members` on the training thread (a blocking wait)."""
         if len(members) == 1:
             return
-        flat = self.link.flat(self.tensors)
+        self._flat = flat = self.link.flat(self.tensors, out=self._flat)
         with step.blocking():
             began = time.perf_counter()
             members = self.average(flat, members)
