@@ -26,8 +26,8 @@ their link calls (median ms per iteration, on the rank's threads), so the slow s
     .venv/bin/python experiments/transport_bandwidth.py [--workers 2] [--mb 45] \\
         [--repeats 10] [--out runs/transport-bandwidth]
 
-Takes about a minute for 2 workers at 45 MB. Prints the table; writes results.json and
-bandwidth.png under --out.
+Takes about a minute for 2 workers at 45 MB on an idle 2-core machine. Prints the tables;
+writes results.json and bandwidth.png under --out.
 """
 
 from __future__ import annotations
