@@ -352,6 +352,7 @@ class ParameterServer(Protocol):
         self.frame = frame(sum(p.numel() for p in self.params) + self.loaded.numel(),
                            self.dtype)
         self.reply = self.link.empty(self.frame)
+        self._push: torch.Tensor | None = None
         self.server = (
             _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.link,
                     backup=self.backup, network=self.network, lost=runtime.lost,
@@ -366,8 +367,13 @@ class ParameterServer(Protocol):
                                                 wants_stop=step.wants_stop))
         assert isinstance(push, SendPush)
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
+        # A remote push is sent before the reply comes, so its buffer is free for the next
+        # (a new model-sized buffer costs page faults, see Link.flat); the server keeps local
+        # ones.
         msg = self.link.pack(self.frame, PushHeader(push.version, push.vote).encode(),
-                             [*grads, delta])
+                             [*grads, delta], out=self._push if self.server is None else None)
+        if self.server is None:
+            self._push = msg
         with step.blocking():
             self.runtime.before_send()
             if self.server is not None:
