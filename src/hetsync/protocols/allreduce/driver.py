@@ -19,10 +19,12 @@ from torch import nn
 from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols.allreduce.core import (
     AllReduceWorker,
+    Decision,
     Finish,
     GradientsReady,
     Reduce,
     Reduced,
+    dispatch,
 )
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.registry import register_protocol
@@ -40,9 +42,23 @@ class AllReduce(Protocol):
         super().__init__(runtime, model, optimizer)
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self.link = runtime.links.direct
+        self._step = Step(0)  # the step whose decisions are being carried out
 
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
+        self._step = step
+        self._execute(self.core.handle(GradientsReady(iteration=step.iteration,
+                                                      wants_stop=step.wants_stop)))
+
+    def _execute(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            dispatch(decision, self)
+
+    # --- the core's decisions (`AllReduceDecisionHandler`), for `_step` ----------------------
+    def on_reduce(self, reduce: Reduce) -> None:
+        """All-reduce the gradients, the buffers and the vote; the gradients are then the
+        mean, and the core says whether to stop."""
+        step = self._step
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
@@ -50,9 +66,6 @@ class AllReduce(Protocol):
         grads = [p.grad for p in params if p.grad is not None]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         world = self.runtime.world_size
-        [reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
-                                                   wants_stop=step.wants_stop))
-        assert isinstance(reduce, Reduce)
         flat = self.link.flat(grads + buffers, float(reduce.vote))
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
@@ -66,10 +79,11 @@ class AllReduce(Protocol):
         with torch.no_grad():
             self.link.unpack_into(flat[:-1], grads + buffers)
         votes = round(float(flat[-1]))
-        [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=votes))
-        assert isinstance(finish, Finish)
-        step.stop = finish.stop
+        self._execute(self.core.handle(Reduced(iteration=step.iteration, votes=votes)))
         step.bytes_sent += ring_allreduce_bytes(flat, world)
+
+    def on_finish(self, finish: Finish) -> None:
+        self._step.stop = finish.stop
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: the stop decision was agreed in the all-reduce."""
