@@ -1,87 +1,96 @@
-"""Each protocol's decisions have one typed interface (`<X>DecisionHandler`, next to its core)
-that both engines implement: the real driver and the simulated worker. A decision added to a
-core without a method in the interface, or without its method in either engine, fails here,
-without a type checker."""
+"""Each protocol's decisions have one typed interface, a `...DecisionHandler` Protocol next to
+its core with one method per decision and a `dispatch` function that calls it, and both
+engines implement it: the real driver and the simulated worker. A decision added to a core's
+union without a method in the interface, or without its method in either engine, fails here,
+without a type checker. The interfaces and engines are found by these names, so a new
+protocol's are checked without an edit here."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
+import pkgutil
 import typing
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-from hetsync.protocols.adpsgd import core as adpsgd
-from hetsync.protocols.adpsgd.driver import ADPSGD
-from hetsync.protocols.adpsgd.simulation import ADPSGDSimWorker
-from hetsync.protocols.allreduce import core as allreduce
-from hetsync.protocols.allreduce.driver import AllReduce
-from hetsync.protocols.allreduce.simulation import AllReduceSimWorker
-from hetsync.protocols.dpsgd import core as dpsgd
-from hetsync.protocols.dpsgd.driver import DPSGD
-from hetsync.protocols.dpsgd.simulation import DPSGDSimWorker
-from hetsync.protocols.hop import core as hop
-from hetsync.protocols.hop.driver import Hop
-from hetsync.protocols.hop.simulation import HopWorker
-from hetsync.protocols.localsgd import core as localsgd
-from hetsync.protocols.localsgd.driver import LocalSGD
-from hetsync.protocols.localsgd.simulation import LocalSGDSimWorker
-from hetsync.protocols.prague import worker as prague
-from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
-from hetsync.protocols.prague.driver.random_groups import RandomGroups
-from hetsync.protocols.prague.simulation import PragueWorker
-from hetsync.protocols.ps import core as ps
-from hetsync.protocols.ps.driver import ParameterServer, _Server
-from hetsync.protocols.ps.simulation import PSSimWorker, ServerThread
+from hetsync.cores.core import Core
+from hetsync.protocols.catalog import BUILTIN
 
 
 @dataclasses.dataclass(frozen=True)
 class Interface:
-    """One core's decisions: the module, its union of them, its handler Protocol and its
-    dispatch, the engines that carry them out, and the module's other classes that are
-    not decisions (its events, options and states)."""
+    """One union of decisions: its handler Protocol, its dispatch, the classes that carry
+    them out in the driver and in the simulation, and the cores that return them."""
 
-    module: ModuleType
-    union: Any
     handler: type
-    dispatch: Any
-    engines: tuple[type, ...]
-    not_decisions: Any
+    dispatch: Callable[[Any, Any], Any]
+    decisions: tuple[type, ...]
+    drivers: tuple[type, ...]
+    simulated: tuple[type, ...]
+    cores: tuple[type, ...]
 
     def __str__(self) -> str:
         return self.handler.__name__
 
 
-INTERFACES = [
-    Interface(hop, hop.Decision, hop.HopDecisionHandler, hop.dispatch, (Hop, HopWorker),
-              hop.Event | hop.HopConfig),
-    Interface(adpsgd, adpsgd.Decision, adpsgd.ADPSGDDecisionHandler, adpsgd.dispatch,
-              (ADPSGD, ADPSGDSimWorker), adpsgd.Event),
-    Interface(dpsgd, dpsgd.Decision, dpsgd.DPSGDDecisionHandler, dpsgd.dispatch,
-              (DPSGD, DPSGDSimWorker),
-              dpsgd.IterationStarted | dpsgd.ComputeFinished | dpsgd.ModelReceived
-              | dpsgd.Neighbourhood),
-    Interface(ps, ps.ServerDecision, ps.ServerDecisionHandler, ps.dispatch_server,
-              (_Server, ServerThread),
-              ps.Push | ps.Bye | ps.WorkerLost | ps.WorkerDecision | ps.GradientReady
-              | ps.ReplyReceived | ps.Leave),
-    Interface(ps, ps.WorkerDecision, ps.WorkerDecisionHandler, ps.dispatch_worker,
-              (ParameterServer, PSSimWorker),
-              ps.Push | ps.Bye | ps.WorkerLost | ps.ServerDecision | ps.GradientReady
-              | ps.ReplyReceived | ps.Leave),
-    Interface(prague, prague.Decision, prague.PragueDecisionHandler, prague.dispatch,
-              (RandomGroups, OverlappedGroups, PragueWorker),
-              prague.StepFinished | prague.GroupAssigned | prague.PReduceFinished),
-    Interface(localsgd, localsgd.Decision, localsgd.LocalSGDDecisionHandler, localsgd.dispatch,
-              (LocalSGD, LocalSGDSimWorker),
-              localsgd.StepDone | localsgd.Averaged | localsgd.LoopEnded),
-    Interface(allreduce, allreduce.Decision, allreduce.AllReduceDecisionHandler,
-              allreduce.dispatch, (AllReduce, AllReduceSimWorker),
-              allreduce.GradientsReady | allreduce.Reduced | allreduce.Contributed
-              | allreduce.Completed),
-]
+def _modules(name: str) -> list[ModuleType]:
+    package = importlib.import_module(f"hetsync.protocols.{name}")
+    return [package, *(importlib.import_module(info.name) for info in
+                       pkgutil.walk_packages(package.__path__, f"{package.__name__}."))]
+
+
+def _own(module: ModuleType, kind: Callable[[Any], bool]) -> list[Any]:
+    return [value for value in vars(module).values()
+            if kind(value) and getattr(value, "__module__", None) == module.__name__]
+
+
+def _methods(handler: type) -> set[str]:
+    return {name for name, value in vars(handler).items()
+            if inspect.isfunction(value) and not name.startswith("_")}
+
+
+def _carrying(engines: dict[ModuleType, list[type]], part: str,
+               methods: set[str]) -> tuple[type, ...]:
+    """The classes of the modules named with `part` that carry out any of `methods`."""
+    return tuple(cls for module, classes in engines.items() if part in module.__name__
+                 for cls in classes if any(hasattr(cls, name) for name in methods))
+
+
+def _interfaces() -> list[Interface]:
+    found = []
+    for name in BUILTIN:
+        modules = _modules(name)
+        engines = {module: _own(module, inspect.isclass) for module in modules}
+        for module in modules:
+            for handler in _own(module, lambda v: inspect.isclass(v) and getattr(
+                    v, "_is_protocol", False) and v.__name__.endswith("DecisionHandler")):
+                [dispatch] = [f for f in _own(module, inspect.isfunction)
+                              if typing.get_origin(typing.get_type_hints(f).get("handler"))
+                              is handler]
+                union = typing.get_type_hints(dispatch)["decision"]
+                cores = tuple(cls for cls in _own(module, inspect.isclass)
+                              if issubclass(cls, Core) and cls is not Core
+                              and typing.get_args(cls.__orig_bases__[0])[1] == union)
+                methods = _methods(handler)
+                found.append(Interface(handler, dispatch, typing.get_args(union),
+                                       _carrying(engines, ".driver", methods),
+                                       _carrying(engines, ".simulation", methods), cores))
+    return found
+
+
+INTERFACES = _interfaces()
+
+
+def test_every_protocol_with_decisions_has_an_interface():
+    names = {i.handler.__module__.split(".")[2] for i in INTERFACES}
+    assert names == {"hop", "adpsgd", "dpsgd", "ps", "prague", "localsgd", "allreduce"}
+    assert len(INTERFACES) == 8  # ps: the server's and the workers'
+    assert all(i.cores for i in INTERFACES), "each union is a core's decisions"
 
 
 class _Recorder:
@@ -94,34 +103,13 @@ class _Recorder:
         return lambda decision: self.called.append(name) or name
 
 
-def _protocol_methods(handler: type) -> set[str]:
-    return {name for name, value in vars(handler).items()
-            if inspect.isfunction(value) and not name.startswith("_")}
-
-
-def _bare(cls: type) -> Any:
-    """An instance of a decision class with no fields set: enough for `match` by type."""
-    return object.__new__(cls)
-
-
-@pytest.mark.parametrize("interface", INTERFACES, ids=str)
-def test_every_decision_of_a_core_is_in_its_union(interface: Interface) -> None:
-    decisions = set(typing.get_args(interface.union))
-    others = set(typing.get_args(interface.not_decisions)) or {interface.not_decisions}
-    defined = {value for value in vars(interface.module).values()
-               if dataclasses.is_dataclass(value) and isinstance(value, type)
-               and value.__module__ == interface.module.__name__}
-    assert defined - others == decisions, "a dataclass of the core is neither an event nor a " \
-        "decision its handler carries out"
-
-
 @pytest.mark.parametrize("interface", INTERFACES, ids=str)
 def test_dispatch_calls_one_method_of_the_interface_per_decision(interface: Interface) -> None:
-    methods = _protocol_methods(interface.handler)
-    called = []
-    for cls in typing.get_args(interface.union):
+    methods, called = _methods(interface.handler), []
+    for cls in interface.decisions:
         recorder = _Recorder()
-        assert interface.dispatch(_bare(cls), recorder) in methods, cls
+        bare = object.__new__(cls)  # no fields set: `match` goes by its type
+        assert interface.dispatch(bare, recorder) in methods, cls
         called += recorder.called
     assert sorted(called) == sorted(methods), "one method per decision, and no other"
     with pytest.raises(TypeError, match="no handler"):
@@ -130,8 +118,9 @@ def test_dispatch_calls_one_method_of_the_interface_per_decision(interface: Inte
 
 @pytest.mark.parametrize("interface", INTERFACES, ids=str)
 def test_the_driver_and_the_simulation_implement_every_method(interface: Interface) -> None:
-    for engine in interface.engines:
-        missing = [name for name in sorted(_protocol_methods(interface.handler))
+    assert interface.drivers and interface.simulated
+    for engine in interface.drivers + interface.simulated:
+        missing = [name for name in sorted(_methods(interface.handler))
                    if not inspect.isfunction(getattr(engine, name, None))]
         assert not missing, f"{engine.__qualname__} does not carry out {missing}"
         assert interface.handler not in engine.__mro__  # its bodies are `...`
