@@ -175,6 +175,11 @@ class SkipTo:
     self_weight: float
     weights: Mapping[int, float]
 
+    @property
+    def skipped(self) -> int:
+        """Iterations skipped (a row's `skipped`, in real and simulated runs alike)."""
+        return self.iteration - self.skipped_from
+
 
 @dataclass(**_frozen)
 class StartIteration:
@@ -197,6 +202,11 @@ class Aggregate:
     inputs: Mapping[int, int]
     self_weight: float
     weights: Mapping[int, float]
+
+    @property
+    def staleness(self) -> int:
+        """The age of the oldest update used (a row's `staleness`)."""
+        return max((self.iteration - tag for tag in self.inputs.values()), default=0)
 
 
 @dataclass(**_frozen)

@@ -182,7 +182,7 @@ class Hop(Protocol):
 
     def on_skip_to(self, decision: SkipTo) -> None:
         self._step.extra["started_at"] = time.time()
-        self._step.extra["skipped"] = decision.iteration - decision.skipped_from
+        self._step.extra["skipped"] = decision.skipped
         self._average(decision.inputs, decision.self_weight, decision.weights)
 
     def on_start_iteration(self, decision: StartIteration) -> None:
@@ -202,8 +202,7 @@ class Hop(Protocol):
         extra = self._step.extra
         extra["done_at"] = time.time()
         extra["used"] = len(decision.inputs)
-        extra["staleness"] = max((decision.iteration - tag for tag in decision.inputs.values()),
-                                 default=0)
+        extra["staleness"] = decision.staleness
 
     def on_return_tokens(self, decision: ReturnTokens) -> None:
         self._send(self._tokens(decision.count), decision.to, _TOKEN_TAG, self._step)

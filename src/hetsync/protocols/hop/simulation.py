@@ -109,8 +109,7 @@ class HopWorker(SimWorker):
             math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
             math.step(self.rank)
         self._extra["used"] = len(decision.inputs)
-        self._extra["staleness"] = max(
-            (decision.iteration - tag for tag in decision.inputs.values()), default=0)
+        self._extra["staleness"] = decision.staleness
         return True
 
     def on_wait(self, decision: Wait) -> bool:
@@ -118,7 +117,7 @@ class HopWorker(SimWorker):
         return False
 
     def on_skip_to(self, decision: SkipTo) -> bool:
-        self._extra["skipped"] = decision.iteration - decision.skipped_from
+        self._extra["skipped"] = decision.skipped
         if self.sim.math is not None:
             self.sim.math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
         return False
