@@ -10,8 +10,7 @@ import pytest
 from hetsync.config import RunConfig, load_toml
 from hetsync.errors import ConfigError
 from hetsync.launch.launcher import check_capacity
-from hetsync.protocols.registry import get_protocol
-from hetsync.transport.runtime import _read_config
+from hetsync.session import _read_config
 
 BINARY = bytes(range(128, 256)) * 4
 
@@ -42,7 +41,7 @@ def test_meaningless_numbers_are_refused(options, match):
 ])
 def test_a_config_value_of_the_wrong_type_is_named(key, value, match):
     with pytest.raises(ConfigError, match=f"run.toml: {match}"):
-        RunConfig.from_dict({key: value}, source="run.toml")
+        RunConfig.from_dict({"protocol": "hop", key: value}, source="run.toml")
 
 
 def test_binary_files_are_refused_in_one_line(tmp_path):
@@ -70,7 +69,7 @@ def test_more_workers_than_memory_holds_says_what_fits(tmp_path):
 ])
 def test_init_with_a_bad_option_is_one_line(options, match):
     with pytest.raises(ConfigError, match=match):
-        _read_config(options, None, get_protocol)
+        _read_config(options, None)
 
 
 def test_report_of_a_truncated_summary_is_one_line(tmp_path):

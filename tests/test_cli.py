@@ -12,8 +12,9 @@ import pytest
 
 from hetsync import cli
 from hetsync.cli import main
-from hetsync.config import RunConfig, load_toml
-from hetsync.protocols.catalog import TOLERATE_LOSS, all_variants
+from hetsync.config import RunConfig, load_toml, option_fields
+from hetsync.protocols.catalog import OPTIONS_OF, TOLERATE_LOSS, all_variants
+from hetsync.protocols.option_field import spec_of
 from hetsync.transport.placement import visible_gpus
 
 
@@ -175,9 +176,8 @@ def test_help_shows_every_default(command, capsys, monkeypatch):
 def test_help_defaults_are_run_configs(command, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     options = _option_help(command, capsys)
-    config = RunConfig()
-    for f in dataclasses.fields(RunConfig):
-        value = getattr(config, f.name)
+    for f in option_fields():
+        value = f.default
         if f.name not in ("workload", "script") and isinstance(value, int | float | str):
             flag = "--" + f.name.replace("_", "-")
             if value is True:
@@ -201,10 +201,9 @@ def _toml_value(value: object) -> str:
     return json.dumps(value)  # numbers, strings and lists of strings: TOML reads JSON's form
 
 
-def config_table() -> str:
-    """The table of docs/configuration.md: every RunConfig field with its type and default."""
+def _key_rows(fields: list[dataclasses.Field[object]]) -> list[str]:
     rows = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for f in dataclasses.fields(RunConfig):
+    for f in fields:
         declared = str(f.type)
         kind = _TOML_TYPES[declared.removesuffix(" | None")]
         if declared.endswith(" | None"):
@@ -212,11 +211,24 @@ def config_table() -> str:
         has_factory = f.default_factory is not dataclasses.MISSING
         default = f.default_factory() if has_factory else f.default
         shown = f"`{_toml_value(default)}`" if default is not None else "unset"
-        if f.name in cli._DEFAULT_TEXT:
-            shown += f": {cli._DEFAULT_TEXT[f.name]}"
-        assert f.name in cli._RUN_HELP, f"RunConfig.{f.name}: add its meaning to cli._RUN_HELP"
-        meaning = cli._RUN_HELP[f.name].replace("|", "\\|")
+        spec = spec_of(f)
+        if f.name in cli._DEFAULT_TEXT or (spec is not None and spec.default_text):
+            shown += f": {cli.default_text(f)}"
+        assert spec_of(f) is not None or f.name in cli._RUN_HELP, (
+            f"RunConfig.{f.name}: add its meaning to cli._RUN_HELP")
+        meaning = cli.meaning(f).replace("|", "\\|")
         rows.append(f"| `{f.name}` | {kind} | {shown} | {meaning} |")
+    return rows
+
+
+def config_table() -> str:
+    """The tables of docs/configuration.md: every run option, then each protocol's, with
+    type and default."""
+    run = [f for f in dataclasses.fields(RunConfig) if f.name != "protocol_options"]
+    rows = _key_rows(run)
+    for protocol, options in OPTIONS_OF.items():
+        rows += ["", f"Protocol `{protocol}`, in its table `[{protocol}]` (or flat, as above):",
+                 "", *_key_rows(list(dataclasses.fields(options)))]
     return "\n".join(rows)
 
 
@@ -229,8 +241,8 @@ def test_configuration_doc_lists_every_key():
     if table != expected and os.environ.get("HETSYNC_WRITE_DOCS") == "1":
         CONFIG_DOC.write_text(f"{head}{TABLE_START}\n{expected}\n{TABLE_END}{tail}")
         return
-    listed = {row.split("`")[1] for row in table.splitlines()[2:]}
-    fields = {f.name for f in dataclasses.fields(RunConfig)}
+    listed = {row.split("`")[1] for row in table.splitlines() if row.startswith("| `")}
+    fields = {f.name for f in option_fields()}
     assert listed == fields, f"missing {sorted(fields - listed)}, stale {sorted(listed - fields)}"
     assert table == expected, "docs/configuration.md is stale: HETSYNC_WRITE_DOCS=1 " \
         "pytest tests/test_cli.py -k configuration_doc rewrites its table"

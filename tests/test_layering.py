@@ -8,7 +8,7 @@ The layers, bottom to top (DEVELOPERS.md says what each holds):
                (transport.placement: a rule over counts), and the protocols' low half: the
                empty package inits, variant, catalog, run_options and each package's decisions,
                options and variants (every module of hetsync.protocols.<x> but those below)
-    config     the run's options, composed from the protocols' options
+    config     the run's options, with the chosen protocol's
     metrics    what a run measures and writes
     transport  moving bytes: transport, network.emulator, the protocols' wire formats (*wire)
     drivers    protocols.base, protocols.registry, each protocol's driver (a module, or a package)

@@ -17,13 +17,15 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from hetsync.config import OPTION_HELP, RunConfig, load_toml
+from hetsync.config import RunConfig, load_toml, option_fields
 from hetsync.errors import ConfigError, Deadlock, WorkerFailed
-from hetsync.protocols.catalog import PROTOCOL_OPTIONS, TOLERATE_LOSS
+from hetsync.protocols.catalog import TOLERATE_LOSS
+from hetsync.protocols.option_field import spec_of
 
 __all__ = ["main", "train_flags"]
 
-#: What each RunConfig field means: the help of its flag, and its row in docs/configuration.md.
+#: What each run option means: the help of its flag, and its row in docs/configuration.md (a
+#: protocol's options say it themselves: `hetsync.protocols.option_field.option`).
 _RUN_HELP = {
     "protocol": "synchronisation protocol (see `hetsync protocols`)",
     "workload": "built-in workload: cnn, svm, resnet, resnet-wide or digits",
@@ -70,7 +72,6 @@ _RUN_HELP = {
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",
-    **OPTION_HELP,  # each protocol's, from its package
 }
 #: Defaults that are not a value: what an unset option means.
 _DEFAULT_TEXT = {
@@ -84,8 +85,6 @@ _DEFAULT_TEXT = {
     "data_dir": "Debian's install location",
     "label": "the protocol",
     "checkpoint_every": "no checkpoints",
-    **{name: text for options in PROTOCOL_OPTIONS
-       for name, text in getattr(options, "DEFAULT_TEXT", {}).items()},
 }
 _TYPES = {"out": Path, "data_dir": Path}
 
@@ -101,8 +100,19 @@ class _HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: {'off' if action.default is False else '%(default)s'})"
 
 
+def meaning(f: dataclasses.Field[object]) -> str:
+    """What an option (`hetsync.config.option_fields`) means: its flag's help."""
+    spec = spec_of(f)
+    if spec is not None:
+        return spec.help
+    return _RUN_HELP.get(f.name, f.name.replace("_", " "))  # the docs test asks for one
+
+
 def default_text(f: dataclasses.Field[object]) -> str:
-    """A RunConfig field's default in words: its value, or what leaving it unset means."""
+    """An option's default in words: its value, or what leaving it unset means."""
+    spec = spec_of(f)
+    if spec is not None and spec.default_text is not None:
+        return spec.default_text
     if f.name in _DEFAULT_TEXT:
         return _DEFAULT_TEXT[f.name]
     if isinstance(f.default, bool):
@@ -118,23 +128,23 @@ def _flag_type(f: dataclasses.Field[object]) -> type:
 
 
 def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
-    """One flag per RunConfig field; absent flags stay unset so --config can fill them.
+    """One flag per option, the run's and every protocol's; absent flags stay unset so
+    --config can fill them.
 
     Their help shows RunConfig's defaults (the flags' own are SUPPRESS, to tell given from
     not given); a bool field defaulting to on gets a --no-NAME flag.
     """
     parser.add_argument("--config", type=Path, help="TOML file with the same options (see "
                         "docs/configuration.md; flags given here win) (default: none)")
-    for f in dataclasses.fields(RunConfig):
+    for f in option_fields():
         if f.name == "script" or (script and f.name == "workload"):
             continue
         flag = "--" + f.name.replace("_", "-")
-        meaning = _RUN_HELP.get(f.name, f.name.replace("_", " "))  # the docs test asks for one
-        help_text = f"{meaning} (default: {default_text(f)})".replace("%", "%%")
+        help_text = f"{meaning(f)} (default: {default_text(f)})".replace("%", "%%")
         if str(f.type) == "bool" and f.default:
             parser.add_argument("--no-" + flag[2:], dest=f.name, action="store_false",
                                 default=argparse.SUPPRESS,
-                                help=f"{meaning}: this flag turns it off (default: on)")
+                                help=f"{meaning(f)}: this flag turns it off (default: on)")
         elif str(f.type) == "bool":
             parser.add_argument(flag, dest=f.name, action="store_true",
                                 default=argparse.SUPPRESS, help=help_text)
@@ -144,9 +154,9 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
 
 
 def train_flags(options: Mapping[str, object]) -> list[str]:
-    """The `hetsync train` flags that set these run options (RunConfig fields), as
+    """The `hetsync train` flags that set these options (`RunConfig`'s keywords), as
     `_add_run_options` names them: for a command that a person can rerun as printed."""
-    defaults = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+    defaults = {f.name: f.default for f in option_fields()}
     flags: list[str] = []
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")

@@ -11,15 +11,23 @@ import json
 import math
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
 from hetsync.metrics import strict_json
 from hetsync.network.spec import parse_network, parse_payload
-from hetsync.protocols.catalog import PROTOCOL_OPTIONS, check_protocol_options, essential_ranks
+from hetsync.protocols.catalog import (
+    BUILTIN,
+    OPTIONS_OF,
+    check_protocol_options,
+    essential_ranks,
+    option_owners,
+)
+from hetsync.protocols.option_field import check_values, flag
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
 from hetsync.transport.placement import BACKENDS, DEVICES
@@ -29,21 +37,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-__all__ = ["OPTION_HELP", "RunConfig", "default_out", "load_toml"]
+__all__ = ["RunConfig", "default_out", "load_toml", "option_fields"]
 
+_T = TypeVar("_T")
 _CHOICES = {
     "weights": WEIGHTS,
     "backend": BACKENDS,
     "device": DEVICES,
     "on_failure": ("stop", "continue"),
-    **{name: allowed for options in PROTOCOL_OPTIONS for name, allowed in options.CHOICES.items()},
 }
-#: Each protocol's options, as its package describes them: the flags' help.
-OPTION_HELP = {name: text for options in PROTOCOL_OPTIONS for name, text in options.HELP.items()}
-#: Each protocol's options' range checks, by kind.
-_PROTOCOL_RANGES = {kind: tuple(name for options in PROTOCOL_OPTIONS
-                                for name in getattr(options, kind))
-                    for kind in ("NON_NEGATIVE", "AT_LEAST_ONE", "FINITE")}
 
 
 @dataclass
@@ -106,13 +108,76 @@ class _RunOptions:
     """For `hetsync launch`: the user's script and its arguments."""
 
 
-@dataclass
-class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
-    """Every option of `hetsync train` / `hetsync launch`: the run's, then each protocol's
-    (its package's `Options`, see hetsync.protocols.catalog); field names are the long options.
+_RUN_FIELDS = {f.name: f for f in dataclasses.fields(_RunOptions)}
+
+
+@dataclass(init=False)
+class RunConfig(_RunOptions):
+    """Every option of `hetsync train` / `hetsync launch`: the run's (field names are the long
+    options), and the chosen protocol's own, `protocol_options` (its package's `Options`, see
+    hetsync.protocols.catalog; None for a protocol without options).
+
+    Built from flat keywords, as the command line gives them: `RunConfig(protocol="hop",
+    max_gap=4)`; a protocol option of another protocol than `protocol` is refused. A
+    protocol's options read as attributes too (`config.max_gap`), for its own checks and
+    driver; `options_of(Options)` is the typed way.
     """
 
     DEFAULT_MAX_TIME = 120.0
+
+    protocol_options: Any = None
+
+    def __init__(self, *, protocol_options: Any = None, **values: Any) -> None:
+        unknown = sorted(set(values) - set(_RUN_FIELDS) - set(option_owners()))
+        if unknown:
+            raise TypeError(f"RunConfig() got an unexpected keyword argument {unknown[0]!r}")
+        for name, f in _RUN_FIELDS.items():
+            if name in values:
+                value = values.pop(name)
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                value = f.default
+            object.__setattr__(self, name, value)
+        self.protocol_options = _options_for(self.protocol, protocol_options, values)
+
+    def __getattr__(self, name: str) -> Any:
+        """The chosen protocol's options (fields and methods), as attributes. Another
+        protocol's read as its defaults: a script may run another protocol than the run's
+        (`SyncOptimizer(..., protocol=...)`), which then has no options of the run's."""
+        options = self.__dict__.get("protocol_options")
+        if not name.startswith("__"):
+            if options is not None and hasattr(options, name):
+                return getattr(options, name)
+            for cls in OPTIONS_OF.values():
+                if not isinstance(options, cls) and hasattr(defaults := cls(), name):
+                    return getattr(defaults, name)
+        raise AttributeError(f"{type(self).__name__} of protocol "
+                             f"{self.__dict__.get('protocol')!r} has no option {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A protocol option set on the config lands in `protocol_options`: one place each."""
+        options = self.__dict__.get("protocol_options")
+        if name not in _RUN_FIELDS and name != "protocol_options" and options is not None \
+                and any(f.name == name for f in dataclasses.fields(options)):
+            setattr(options, name, value)
+        else:
+            object.__setattr__(self, name, value)
+
+    def options_of(self, cls: type[_T]) -> _T:
+        """The protocol's options as its own `Options` class; TypeError where the run's
+        protocol has others (a driver asked for the wrong ones)."""
+        if not isinstance(self.protocol_options, cls):
+            raise TypeError(f"protocol {self.protocol} has no {cls.__module__}.{cls.__name__}")
+        return self.protocol_options
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every option as flat keywords (`RunConfig(**config.to_dict())` is a copy)."""
+        values = {name: getattr(self, name) for name in _RUN_FIELDS}
+        values["script"] = list(self.script)
+        if self.protocol_options is not None:
+            values.update(dataclasses.asdict(self.protocol_options))
+        return values
 
     def slowdown_spec(self) -> SlowdownSpec:
         return parse_slowdown(self.slowdown, seed=self.seed)
@@ -128,17 +193,16 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         if self.workers < 1:
             raise ConfigError(f"--workers must be >= 1 (got {self.workers})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "checkpoint_every", *_PROTOCOL_RANGES["NON_NEGATIVE"]):
+                     "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples", "cpus_per_worker",
-                     *_PROTOCOL_RANGES["AT_LEAST_ONE"]):
+        for name in ("max_iterations", "batch_size", "eval_samples", "cpus_per_worker"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
         for name in ("step_time", "max_time", "eval_every", "hang_timeout", "lr", "momentum",
-                     "target_loss", "checkpoint_every", *_PROTOCOL_RANGES["FINITE"]):
+                     "target_loss", "checkpoint_every"):
             value = getattr(self, name)
             if value is not None and not math.isfinite(value):
                 raise ConfigError(f"--{name.replace('_', '-')} must be a finite number "
@@ -157,13 +221,13 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(f"{flag} must be {' or '.join(allowed)} (got {value!r})")
+                raise ConfigError(f"{flag(name)} must be {' or '.join(allowed)} "
+                                  f"(got {value!r})")
+        if self.protocol_options is not None:
+            check_values(self.protocol_options)
         self.slowdown_spec().check_ranks(self.workers)
         if self.cpus_per_worker != 1 and not self.pin:
             raise ConfigError("--cpus-per-worker gives pinned workers their cores: add --pin")
-        if self.ps_backup and self.protocol != "ps":
-            raise ConfigError("--ps-backup applies to --protocol ps --ps-mode sync only")
         network = parse_network(self.network)
         if network is not None:
             network.check_ranks(self.workers)
@@ -186,7 +250,7 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         """A copy with the workload's defaults and a stop condition filled in."""
         from hetsync.workloads import get_workload
 
-        values = dataclasses.asdict(self)
+        values = self.to_dict()
         if not self.script:
             workload = get_workload(self.workload)
             for name in ("batch_size", "lr", "momentum", "target_loss"):
@@ -198,21 +262,31 @@ class RunConfig(*PROTOCOL_OPTIONS, _RunOptions):  # type: ignore[misc]
         return RunConfig(**values)
 
     def to_json(self) -> str:
-        values = dataclasses.asdict(self)
+        """The run's options, the protocol's as a table under its name (as in a TOML file)."""
+        values = {name: getattr(self, name) for name in _RUN_FIELDS}
         for key in ("out", "data_dir"):
             if values[key] is not None:
                 values[key] = str(values[key])
+        if self.protocol_options is not None:
+            values[self.protocol] = dataclasses.asdict(self.protocol_options)
         return strict_json.dumps(values, indent=2)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "config") -> RunConfig:
-        """Build from a dict (TOML or JSON), rejecting unknown keys and wrong types by name."""
-        fields = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-        values = {key.replace("-", "_"): value for key, value in values.items()}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ConfigError(f"{source}: unknown option {unknown[0]!r}")
+        """Build from a dict (TOML or JSON): the run's options and the protocol's, flat or in
+        a table named by the protocol (`[hop]`; a flat key wins over its table's), rejecting
+        unknown keys, another protocol's options and wrong types by name."""
+        values = lift_tables(values, source)
+        owners = option_owners()
+        protocol = values.get("protocol", cls.protocol)
+        own = OPTIONS_OF.get(protocol) if isinstance(protocol, str) else None
+        fields = {f.name: str(f.type) for f in dataclasses.fields(own)} if own else {}
+        fields |= {name: str(f.type) for name, f in _RUN_FIELDS.items()}
         for key, value in values.items():
+            if key not in fields:
+                if key in owners:
+                    raise ConfigError(f"{source}: {_not_its_own(key, protocol, owners)}")
+                raise ConfigError(f"{source}: unknown option {key!r}")
             declared = fields[key]
             if value is None and declared.endswith("| None"):
                 continue
@@ -247,6 +321,72 @@ def _has_type(value: object, declared: str) -> bool:
     if declared == "list[str]":
         return isinstance(value, list) and all(isinstance(v, str) for v in value)
     return True
+
+
+def option_fields() -> tuple[dataclasses.Field[Any], ...]:
+    """Every option a run may be given, each once: the run's, then each protocol's (a name two
+    protocols declare means the same in both: tests/protocols/test_options.py)."""
+    seen = dict(_RUN_FIELDS)
+    for options in OPTIONS_OF.values():
+        for f in dataclasses.fields(options):
+            seen.setdefault(f.name, f)
+    return tuple(seen.values())
+
+
+def lift_tables(values: Mapping[str, Any], source: str,
+                protocol: str = RunConfig.protocol) -> dict[str, Any]:
+    """Flat keys (`-` read as `_`) from TOML or JSON keys, some in a table named by the run's
+    protocol (`[hop]`; `values`' own `protocol`, else `protocol`); a flat key wins over the
+    table's. A table of another protocol, a key that is not its protocol's option, or a table
+    that is not one is refused by name."""
+    flat = {key.replace("-", "_"): value for key, value in values.items()}
+    protocol = flat.get("protocol", protocol)
+    lifted: dict[str, Any] = {}
+    for name in [key for key in flat if key in BUILTIN]:
+        table = flat.pop(name)
+        if not isinstance(table, dict):
+            raise ConfigError(f"{source}: {name} must be a table of {name}'s options "
+                              f"(got {table!r})")
+        table = {key.replace("-", "_"): value for key, value in table.items()}
+        if table and name != protocol:
+            raise ConfigError(f"{source}: [{name}] sets {name}'s options, but the protocol is "
+                              f"{protocol} (move them, or set protocol = \"{name}\")")
+        own = {f.name for f in dataclasses.fields(OPTIONS_OF[name])} if name in OPTIONS_OF \
+            else set()
+        for key in table:
+            if key not in own:
+                known = ", ".join(sorted(own)) or "none"
+                raise ConfigError(f"{source}: unknown option {key!r} in [{name}] ({name}'s "
+                                  f"options: {known})")
+        lifted |= table
+    return {**lifted, **flat}
+
+
+def _not_its_own(name: str, protocol: object, owners: dict[str, tuple[str, ...]]) -> str:
+    """The refusal of another protocol's option, in one line."""
+    return (f"{flag(name)} applies to --protocol {' or '.join(owners[name])} (this run's "
+            f"protocol is {protocol})")
+
+
+def _options_for(protocol: str, given: Any, values: dict[str, Any]) -> Any:
+    """`protocol`'s `Options`: `given` (or the defaults) with the flat `values` set; ConfigError
+    for another protocol's option."""
+    cls = OPTIONS_OF.get(protocol)
+    owners = option_owners()
+    own = {f.name for f in dataclasses.fields(cls)} if cls is not None else set()
+    for name in values:
+        if name not in own:
+            raise ConfigError(_not_its_own(name, protocol, owners))
+    if cls is None:
+        if given is not None:
+            raise ConfigError(f"protocol {protocol} has no options (got {given!r})")
+        return None
+    if given is None:
+        given = cls()
+    elif not isinstance(given, cls):
+        raise ConfigError(f"protocol_options of protocol {protocol} must be "
+                          f"{cls.__module__}.Options (got {type(given).__name__})")
+    return dataclasses.replace(given, **values)
 
 
 def default_out(config: RunConfig) -> Path:

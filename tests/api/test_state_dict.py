@@ -68,7 +68,7 @@ def test_a_resumed_run_stops_at_max_iterations(protocol, options, monkeypatch):
     (D-PSGD, 4 hops) and 140 (static Prague, 8 workers)."""
     runtime = hetsync.transport.runtime.current_runtime()
     monkeypatch.setattr(runtime, "config", dataclasses.replace(
-        runtime.config, max_iterations=12, **options))
+        runtime.config, protocol=protocol, max_iterations=12, **options))
     model, opt = _setup(protocol)
     saved = opt.state_dict()
     saved["hetsync"]["iteration"] = 5

@@ -18,13 +18,16 @@ from hetsync.launch.launcher import run
 def test_pinning_gives_each_worker_its_own_cores_and_the_launcher_the_rest():
     pinning = plan_pinning(2, 2, {0, 1, 2, 3, 4, 5})
     assert pinning.workers == [{0, 1}, {2, 3}] and pinning.launcher == {4, 5}
+    assert not pinning.launcher_shares
     assert pinning.note == "--pin: 2 workers on cores 0-3 (2 each), the launcher on cores 4-5"
 
 
 def test_without_cores_to_spare_the_launcher_shares_the_last_workers_and_says_so():
     pinning = plan_pinning(2, 1, {3, 7})
     assert pinning.workers == [{3}, {7}] and pinning.launcher == {7}
-    assert pinning.note == "--pin: 2 workers on 2 cores: the launcher shares core 7 with rank 1"
+    assert pinning.note == ("--pin: 2 workers on 2 cores: the launcher shares core 7 with rank 1 "
+                            "(its evaluation at the lowest priority)")
+    assert pinning.launcher_shares
 
 
 def test_pin_with_more_workers_than_cores_is_one_line():

@@ -54,32 +54,34 @@ def _methods(handler: type) -> set[str]:
             if inspect.isfunction(value) and not name.startswith("_")}
 
 
-def _carrying(engines: dict[ModuleType, list[type]], part: str,
-               methods: set[str]) -> tuple[type, ...]:
-    """The classes of the modules named with `part` that carry out any of `methods`."""
-    return tuple(cls for module, classes in engines.items() if part in module.__name__
-                 for cls in classes if any(hasattr(cls, name) for name in methods))
+def _carrying(modules: list[ModuleType], part: str, dispatch: Callable[[Any, Any], Any],
+              methods: set[str]) -> tuple[type, ...]:
+    """The classes that carry out any of `methods` in the modules named with `part` that
+    import `dispatch` (DDP's driver carries out All-Reduce's decisions)."""
+    return tuple(cls for module in modules if part in module.__name__
+                 and any(value is dispatch for value in vars(module).values())
+                 for cls in _own(module, inspect.isclass)
+                 if any(hasattr(cls, name) for name in methods))
 
 
 def _interfaces() -> list[Interface]:
     found = []
-    for name in BUILTIN:
-        modules = _modules(name)
-        engines = {module: _own(module, inspect.isclass) for module in modules}
-        for module in modules:
-            for handler in _own(module, lambda v: inspect.isclass(v) and getattr(
-                    v, "_is_protocol", False) and v.__name__.endswith("DecisionHandler")):
-                [dispatch] = [f for f in _own(module, inspect.isfunction)
-                              if typing.get_origin(typing.get_type_hints(f).get("handler"))
-                              is handler]
-                union = typing.get_type_hints(dispatch)["decision"]
-                cores = tuple(cls for cls in _own(module, inspect.isclass)
-                              if issubclass(cls, Core) and cls is not Core
-                              and typing.get_args(cls.__orig_bases__[0])[1] == union)
-                methods = _methods(handler)
-                found.append(Interface(handler, dispatch, typing.get_args(union),
-                                       _carrying(engines, ".driver", methods),
-                                       _carrying(engines, ".simulation", methods), cores))
+    everywhere = [module for name in BUILTIN for module in _modules(name)]
+    for module in everywhere:
+        for handler in _own(module, lambda v: inspect.isclass(v) and getattr(
+                v, "_is_protocol", False) and v.__name__.endswith("DecisionHandler")):
+            [dispatch] = [f for f in _own(module, inspect.isfunction)
+                          if typing.get_origin(typing.get_type_hints(f).get("handler"))
+                          is handler]
+            union = typing.get_type_hints(dispatch)["decision"]
+            cores = tuple(cls for cls in _own(module, inspect.isclass)
+                          if issubclass(cls, Core) and cls is not Core
+                          and typing.get_args(cls.__orig_bases__[0])[1] == union)
+            methods = _methods(handler)
+            found.append(Interface(handler, dispatch, typing.get_args(union),
+                                   _carrying(everywhere, ".driver", dispatch, methods),
+                                   _carrying(everywhere, ".simulation", dispatch, methods),
+                                   cores))
     return found
 
 

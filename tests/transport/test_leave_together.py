@@ -20,7 +20,8 @@ def _runtimes(store: dist.Store, world: int, launched: bool) -> list[Runtime]:
     config = RunConfig(workers=world, on_failure="continue", hang_timeout=0.5)
     return [Runtime(rank=r, world_size=world, local_rank=r, device=torch.device("cpu"),
                     backend="gloo", config=config, store=store, t0=time.time(), run_dir=None,
-                    launched=launched, lost=LostWorkers(store, world, config.hang_timeout))
+                    launched=launched, hang_timeout=config.hang_timeout,
+                    lost=LostWorkers(store, world, config.hang_timeout))
             for r in range(world)]
 
 

@@ -90,6 +90,29 @@ def test_flat_then_unpack_restores_every_tensor(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place):
+    """In place on the tensors where their dtype is the buffers', through a flat buffer where it
+    is not (one tensor of another dtype): both give what flat, average, unpack gave."""
+    link = Link.default()
+    generator = torch.Generator().manual_seed(0)
+    tensors = [torch.randn(shape, generator=generator).to(dtype) for shape in ((3, 4), (5,))]
+    if not in_place:
+        tensors.append(torch.randn(7, generator=generator, dtype=torch.float64))
+    numel = sum(t.numel() for t in tensors)
+    inputs = [(torch.randn(numel, generator=generator).to(dtype), 0.3),
+              (torch.randn(numel, generator=generator).to(dtype), 0.25)]
+    expected = link.flat(tensors).mul_(0.45)
+    for flat, weight in inputs:
+        expected.add_(flat, alpha=weight)
+    want = [torch.zeros_like(t) for t in tensors]
+    link.unpack_into(expected, want)
+    scratch = link.mix_into(tensors, 0.45, inputs)
+    assert (scratch is None) == in_place
+    assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_packed_message_is_the_frame_s_bytes_and_unpacks(dtype):
     link, tensors = Link.default(), _tensors(dtype)
     frame = Frame.of(tensors, words=2)
@@ -127,7 +150,7 @@ def test_collectives_on_a_world_of_one(world_of_one):
 def test_ddp_under_nccl_with_a_model_on_the_cpu_is_a_config_error():
     runtime = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"),
                       backend="nccl", config=RunConfig(protocol="ddp"), store=dist.HashStore(),
-                      t0=time.time(), run_dir=None, launched=False)
+                      t0=time.time(), run_dir=None, launched=False, hang_timeout=20.0)
     model = nn.Linear(2, 1)
     with pytest.raises(ConfigError, match="ddp: --backend nccl .* model is on cpu"):
         DDP(runtime, model, torch.optim.SGD(model.parameters(), lr=0.1))

@@ -26,7 +26,6 @@ summary; a protocol that cannot go on without them is refused in one line.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 import torch
 
-from hetsync.config import RunConfig
+from hetsync.config import RunConfig, lift_tables
 from hetsync.errors import ConfigError
 from hetsync.metrics.atomic import replacing, write_text
 from hetsync.protocols.catalog import essential_ranks
@@ -89,9 +88,9 @@ def resume_config(run_dir: Path, given: dict[str, Any]) -> RunConfig:
     if recorded.checkpoint_every is None:
         raise ConfigError(f"--resume {run_dir}: the run was not checkpointed (it had no "
                           "--checkpoint-every)")
-    values = dataclasses.asdict(recorded)
+    values = recorded.to_dict()
     values["fault"] = "none"
-    given = {name.replace("-", "_"): value for name, value in given.items()}
+    given = lift_tables({"protocol": recorded.protocol, **given}, source="--resume")
     RunConfig.from_dict(given, source="--resume")  # unknown options and wrong types, by name
     for name, value in given.items():
         if name in MAY_CHANGE:

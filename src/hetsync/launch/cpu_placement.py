@@ -5,7 +5,8 @@ around spawning. Both are real, not emulated: the kernel enforces them.
 Under `--pin`, rank r gets the `--cpus-per-worker` cores after rank r-1's, in the order of
 the cores this process may run on, and the launcher (its evaluation and snapshots) moves to
 the cores left over. With none left over it shares the last rank's cores, and says so in the
-one line it prints: a launcher that takes cores from every worker would slow them all.
+one line it prints: a launcher that takes cores from every worker would slow them all. Its
+evaluation then runs at the lowest priority, so that the rank keeps its core.
 """
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class Pinning:
     launcher: frozenset[int]
     note: str
 
+    @property
+    def launcher_shares(self) -> bool:
+        """Whether the launcher runs on a worker's cores (none were left over)."""
+        return self.launcher in self.workers
+
 
 def plan_pinning(workers: int, per_worker: int, available: set[int]) -> Pinning:
     """Give each worker `per_worker` cores of `available` of its own; ConfigError if short."""
@@ -48,7 +54,7 @@ def plan_pinning(workers: int, per_worker: int, available: set[int]) -> Pinning:
                 f"the launcher on {_names(left)}")
         return Pinning(own, left, note)
     note = (f"--pin: {workers} workers on {need} cores: the launcher shares "
-            f"{_names(own[-1])} with rank {workers - 1}")
+            f"{_names(own[-1])} with rank {workers - 1} (its evaluation at the lowest priority)")
     return Pinning(own, own[-1], note)
 
 
@@ -77,6 +83,12 @@ class CpuPlacement:
             _set_own_affinity(self.pinning.launcher)
             print(f"hetsync: {self.pinning.note}", file=sys.stderr)  # --quiet hides the bar only
         return self
+
+    @property
+    def launcher_shares_a_worker(self) -> bool:
+        """Whether the launcher runs on a pinned worker's cores (none were left over): its
+        evaluation must then yield them (`EvaluationThread(yield_cpu=True)`)."""
+        return self.pinning is not None and self.pinning.launcher_shares
 
     def place(self, rank: int, pid: int) -> None:
         """Pin and cap a just-spawned worker before it gets to training. One that is already

@@ -149,7 +149,8 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
     procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None,
                    placement)
     output = OutputRelay(procs, run_dir / "logs")
-    evaluation = None if config.script else _start_evaluation(config, run_dir, control)
+    evaluation = (None if config.script else
+                  _start_evaluation(config, run_dir, control, placement.launcher_shares_a_worker))
     clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
 
     def on_lost(rank: int, failure: WorkerFailed) -> None:
@@ -326,15 +327,17 @@ def _spawn(
     return procs
 
 
-def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store) -> EvaluationThread:
-    """The built-in workload's evaluation beside the monitor loop; stops the run at target."""
+def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,
+                      yield_cpu: bool) -> EvaluationThread:
+    """The built-in workload's evaluation beside the monitor loop; stops the run at target.
+    `yield_cpu`: the launcher shares a pinned worker's core, which the evaluation leaves it."""
     evaluator = Evaluator.for_workload(
         run_dir, get_workload(config.workload), config.workers, config.eval_samples,
         data_dir=config.data_dir, keep_snapshots=config.keep_snapshots,
         on_consensus=stop_at_target(config, partial(control.set, STOP_KEY)),
         target_loss=config.target_loss,
     )
-    return EvaluationThread(evaluator)
+    return EvaluationThread(evaluator, yield_cpu=yield_cpu)
 
 
 def _progress_bar(config: RunConfig) -> tqdm | None:

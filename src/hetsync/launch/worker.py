@@ -6,7 +6,6 @@ Run as `python -m hetsync.launch.worker` by the launcher, or under torchrun thro
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -27,7 +26,7 @@ from hetsync.workloads import Shard, get_workload
 
 def train(config: RunConfig | None = None) -> SyncOptimizer:
     """Train the configured workload until the run's stop conditions agree to stop."""
-    runtime = hetsync.init(**dataclasses.asdict(config)) if config else hetsync.init()
+    runtime = hetsync.init(**config.to_dict()) if config else hetsync.init()
     config = runtime.config
     workload = get_workload(config.workload)
     torch.manual_seed(config.seed)  # the same initial model on every worker

@@ -11,6 +11,7 @@ read, for the consensus distance of the final models.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections.abc import Callable, Mapping
 
@@ -20,7 +21,8 @@ from torch import nn
 from hetsync.config import RunConfig
 from hetsync.metrics.evaluator import Evaluator
 
-__all__ = ["EvaluateFn", "EvaluationThread", "ScriptMeasure", "parse_result", "stop_at_target"]
+__all__ = ["EvaluateFn", "EvaluationThread", "ScriptMeasure", "lowest_priority", "parse_result",
+           "stop_at_target"]
 
 #: A script's evaluation: the model (in eval mode, without gradients) -> its held-out loss, as
 #: a number, a `(loss, accuracy)` pair or a mapping with "loss" and optionally "accuracy".
@@ -70,12 +72,26 @@ def stop_at_target(
     return on_consensus
 
 
+def lowest_priority() -> None:
+    """Give the calling thread (only it: Linux's priorities are per thread) nice 19."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # not Linux: the evaluation keeps its share
+        pass
+
+
 class EvaluationThread:
     """Polls an Evaluator beside training (`poll`), then `finish()` evaluates what is left
     and the final set."""
 
-    def __init__(self, evaluator: Evaluator, poll: bool = True, period_s: float = 0.3) -> None:
+    def __init__(self, evaluator: Evaluator, poll: bool = True, period_s: float = 0.3,
+                 yield_cpu: bool = False) -> None:
+        """`yield_cpu`: poll at the lowest priority (nice 19), for a launcher that shares a
+        pinned worker's core: the worker then keeps its core, and the evaluation takes what it
+        leaves (snapshots wait on disk; `finish` evaluates the rest once the workers are done).
+        """
         self.evaluator = evaluator
+        self._yield_cpu = yield_cpu
         self.error: BaseException | None = None
         self._period_s = period_s
         self._stop = threading.Event()
@@ -84,6 +100,8 @@ class EvaluationThread:
             self._thread.start()
 
     def _loop(self) -> None:
+        if self._yield_cpu:
+            lowest_priority()
         try:
             while not self._stop.wait(self._period_s):
                 self.evaluator.poll()

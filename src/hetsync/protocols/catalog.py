@@ -4,17 +4,17 @@ A protocol is one package here, found by its driver: `driver.py`, or a `driver/`
 the transport takes several modules (its transport over torch.distributed, registered under
 the package's name), with `core.py` (and other modules of
 decisions, without I/O) and, by these names:
-- `options.py` (optional): an `Options` dataclass (its flags, with `HELP`, `CHOICES` and the
-  range checks `NON_NEGATIVE`, `AT_LEAST_ONE`, `FINITE`), a `check(config)` function (the
-  checks that need the whole run's options) and, for a protocol that can go on without a lost
-  worker, `tolerate_loss(config)` (see `essential_ranks`, `TOLERATE_LOSS`);
+- `options.py` (optional): an `Options` dataclass (its flags, each field declared with
+  `hetsync.protocols.option_field.option`: help, choices, range), a `check(config)` function
+  (the checks that need the whole run's options) and, for a protocol that can go on without a
+  lost worker, `tolerate_loss(config)` (see `essential_ranks`, `TOLERATE_LOSS`);
 - `simulation.py` (optional): `build_workers(sim)`, its simulation (`SIMULATED`), imported
   by the simulator only;
 - `variants.py`: `VARIANTS`, its `NamedVariant`s, one of them the default (`all_variants`),
   which the bench suites and both fuzzers run.
-`RunConfig` is composed from the `Options` found here, so adding a protocol adds its package
-and touches nothing else (DEVELOPERS.md, "Adding a protocol"). Reading options imports no
-driver and no simulation.
+A run's `RunConfig` holds the chosen protocol's `Options` (`OPTIONS_OF`), and the command line
+has a flag for every protocol's, so adding a protocol adds its package and touches nothing
+else (DEVELOPERS.md, "Adding a protocol"). Reading options imports no driver and no simulation.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import Field, fields, replace
 from pathlib import Path
 from types import MappingProxyType, ModuleType
 from typing import TYPE_CHECKING, Any
@@ -34,8 +34,9 @@ from hetsync.protocols.variant import NamedVariant
 if TYPE_CHECKING:
     from hetsync.protocols.run_options import RunOptions
 
-__all__ = ["BUILTIN", "PROTOCOL_OPTIONS", "SIMULATED", "TOLERATE_LOSS", "all_variants",
-           "check_protocol_options", "essential_ranks"]
+__all__ = ["BUILTIN", "OPTIONS_OF", "PROTOCOL_OPTIONS", "SIMULATED", "TOLERATE_LOSS",
+           "all_variants", "check_protocol_options", "essential_ranks", "option_clashes",
+           "option_owners"]
 
 #: Names of the built-in protocols: the packages beside this module that have a driver.
 _HERE = Path(__file__).parent
@@ -61,9 +62,43 @@ def _options_module(name: str) -> ModuleType | None:
 
 _MODULES = {name: module for name in BUILTIN if (module := _options_module(name)) is not None}
 
-#: The `Options` dataclass of every built-in protocol that has options.
-PROTOCOL_OPTIONS: tuple[type[Any], ...] = tuple(
-    module.Options for module in _MODULES.values() if hasattr(module, "Options"))
+#: The `Options` dataclass of each built-in protocol that has options, by protocol name.
+OPTIONS_OF: Mapping[str, type[Any]] = MappingProxyType({
+    name: module.Options for name, module in _MODULES.items() if hasattr(module, "Options")})
+#: The same classes, in protocol name order.
+PROTOCOL_OPTIONS: tuple[type[Any], ...] = tuple(OPTIONS_OF.values())
+
+
+def option_owners() -> dict[str, tuple[str, ...]]:
+    """Each protocol option's name, with the protocols that declare it."""
+    owners: dict[str, tuple[str, ...]] = {}
+    for name, options in OPTIONS_OF.items():
+        for f in fields(options):
+            owners[f.name] = (*owners.get(f.name, ()), name)
+    return owners
+
+
+def option_clashes(run_options: Iterable[str],
+                   options_of: Mapping[str, type[Any]] = OPTIONS_OF) -> list[str]:
+    """What makes a protocol option's flag ambiguous: a run option or a protocol's name of the
+    same name (a TOML table is named by its protocol), or two protocols that declare one name
+    with a different type, default or declaration (help, choices, range). Empty when the
+    flags are sound; tests/protocols/test_options.py requires that."""
+    declared: dict[str, tuple[str, Field[Any]]] = {}
+    clashes = []
+    taken = set(run_options) | set(BUILTIN)
+    for protocol, options in options_of.items():
+        for f in fields(options):
+            if f.name in taken:
+                clashes.append(f"{protocol}'s option {f.name} is also a run option or a "
+                               "protocol's name")
+            first = declared.setdefault(f.name, (protocol, f))
+            other = first[1]
+            if first[0] != protocol and (other.type, other.default, other.metadata) != (
+                    f.type, f.default, f.metadata):
+                clashes.append(f"{first[0]} and {protocol} both declare option {f.name}, "
+                               "with different meanings")
+    return clashes
 
 #: The built-in protocols that can go on without a lost worker (`--on-failure continue`): those
 #: whose options module has `tolerate_loss`.

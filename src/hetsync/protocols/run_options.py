@@ -1,6 +1,6 @@
 """A run's options as a protocol package's checks read them, typed without importing config.
 
-`hetsync.config.RunConfig` is composed from the protocols' `Options` (see `catalog`), so the
+`hetsync.config.RunConfig` holds the chosen protocol's `Options` (see `catalog`), so the
 protocol packages sit below config and may not import it, not even for annotations; their
 `check(config)` and `tolerate_loss(config)`, and the catalog's, take a `RunOptions`: a
 RunConfig, seen through the options every run has and the protocol's own, by name.

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hetsync.config import RunConfig, default_out, load_toml
+from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, is_follow_on
 from hetsync.faults import FaultPlan, MessageDelay, parse_faults
 from hetsync.transport.links import Links
@@ -38,7 +38,6 @@ __all__ = ["Runtime", "current_runtime", "join", "shutdown"]
 #: Environment variables the launcher sets for its workers.
 ENV_STORE_PORT = "HETSYNC_STORE_PORT"
 ENV_RUN_DIR = "HETSYNC_RUN_DIR"
-ENV_CONFIG = "HETSYNC_CONFIG"
 #: Torch threads per worker, overriding `thread_count`'s choice.
 ENV_THREADS = "HETSYNC_THREADS"
 PG_TIMEOUT = datetime.timedelta(seconds=120)
@@ -64,6 +63,8 @@ class Runtime:
     run_dir: Path | None
     launched: bool
     """True under `hetsync launch`/`train`, whose parent process monitors and evaluates."""
+    hang_timeout: float
+    """`--hang-timeout`: how long a worker without progress may go before it counts as hung."""
     host_group: dist.ProcessGroup | None = None
     """Where messages in host memory go: the default group on gloo (None); under NCCL a gloo
     group of all ranks, for the messages received on threads from several peers (ps,
@@ -105,7 +106,7 @@ class Runtime:
         hung or stopped peer first (it does within --hang-timeout) and, under `--on-failure
         continue`, for the news of its loss to arrive: the waiting peers' own timeouts would
         otherwise race it to the terminal and blame themselves."""
-        timeout = self.config.hang_timeout
+        timeout = self.hang_timeout
         return 2 * timeout + 5.0 if self.launched else timeout
 
     def leave_together(self) -> None:
@@ -147,11 +148,11 @@ def current_runtime() -> Runtime:
     return _RUNTIME
 
 
-def join(defaults: Mapping[str, object], check_protocol: Callable[[str], object]) -> Runtime:
-    """Join the run: set up the process group and read the run's settings (idempotent); this
-    is `hetsync.init()` (hetsync.session), which documents `defaults`. `check_protocol`
-    refuses an unknown protocol name: the registry's lookup, which the transport does not
-    know (the registry sits above it, with the drivers).
+def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
+    """Join the run: set up the process group (idempotent); this is `hetsync.init()`
+    (hetsync.session). `read_config(run_dir)` gives the run's options, from the run directory
+    the launcher named (None without one): which files say them, and which protocols exist,
+    is the session's to know, not the transport's.
     """
     global _RUNTIME
     if _RUNTIME is not None:
@@ -160,7 +161,7 @@ def join(defaults: Mapping[str, object], check_protocol: Callable[[str], object]
     if threads is not None:
         torch.set_num_threads(threads)
     run_dir = Path(os.environ[ENV_RUN_DIR]) if ENV_RUN_DIR in os.environ else None
-    config = _read_config(defaults, run_dir, check_protocol)
+    config = read_config(run_dir)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -204,6 +205,7 @@ def join(defaults: Mapping[str, object], check_protocol: Callable[[str], object]
     _RUNTIME = Runtime(
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
         config=config, store=control, t0=time.time(), run_dir=run_dir, launched=launched,
+        hang_timeout=config.hang_timeout,
         host_group=host_group, lost=lost, links=Links.of(backend, device, host_group, lost),
         message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
@@ -247,20 +249,6 @@ def _agree_on_run_dir(store: dist.Store, rank: int, config: RunConfig) -> Path:
     if rank == 0:
         store.set("run_dir", str(default_out(config).resolve()))
     return Path(store.get("run_dir").decode())
-
-
-def _read_config(defaults: Mapping[str, object], run_dir: Path | None,
-                 check_protocol: Callable[[str], object]) -> RunConfig:
-    config = RunConfig.from_dict(dict(defaults), source="hetsync.init()")
-    check_protocol(config.protocol)  # a wrong name fails here, in one line, not at prepare()
-    if config.workers < 1:
-        raise ConfigError(f"hetsync.init(): workers must be >= 1 (got {config.workers})")
-    if run_dir is not None and (run_dir / "config.json").is_file():
-        return RunConfig.read(run_dir / "config.json")
-    if ENV_CONFIG in os.environ:
-        merged = {**config.__dict__, **load_toml(Path(os.environ[ENV_CONFIG]))}
-        return RunConfig.from_dict(merged, source=os.environ[ENV_CONFIG])
-    return config
 
 
 def _placement(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:

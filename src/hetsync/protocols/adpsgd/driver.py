@@ -110,6 +110,11 @@ class ADPSGD(Protocol):
         self.core = ADPSGDCore.of_run(self.topology, rank, config.seed, config.adpsgd_mode)
         self.cond = threading.Condition()  # guards the core, shared with the receiver thread
         self._pending: _Pending | None = None
+        # Model-sized buffers reused message after message (hetsync.transport.links.Link.flat
+        # says why): the request and its reply (training thread), the reply served (receiver
+        # thread). One a lost partner may still hold is dropped, not reused.
+        self._request_buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._served: torch.Tensor | None = None
         # What the core granted, recorded by `_execute` (cond held) for the thread it is for:
         self._request_to: int | None = None  # SendRequest: the partner
         self._step_granted = 0  # StepGranted: its iteration
@@ -188,13 +193,16 @@ class ADPSGD(Protocol):
             partner, self._request_to = self._request_to, None
         if partner is None:  # not active, or no partner
             return
-        message = self._message(Header())
-        reply = self.link.empty(self.frame)
+        if self._request_buffers is None:
+            self._request_buffers = (self.link.empty(self.frame), self.link.empty(self.frame))
+        message, reply = self._request_buffers
+        self.link.pack(self.frame, Header().encode(), self.tensors, out=message)
         works: list[dist.Work] = []
         self.runtime.before_send()
         if not unless_lost(self.runtime.lost, partner, lambda: works.extend([
                 self.link.isend(message, partner, tag=_REQUEST_TAG),
                 self.link.irecv(reply, partner, tag=_REPLY_TAG)])):
+            self._request_buffers = None
             with self.cond:
                 self._execute(self.core.handle(ReplyLost(src=partner)))
             return
@@ -236,6 +244,7 @@ class ADPSGD(Protocol):
         assert self._pending is not None
         works, partner = self._pending.works, self._pending.partner
         if not unless_lost(self.runtime.lost, partner, lambda: [work.wait() for work in works]):
+            self._request_buffers = None
             with self.cond:
                 self._pending = None
                 self._execute(self.core.handle(ReplyLost(src=partner)))
@@ -289,17 +298,22 @@ class ADPSGD(Protocol):
                         continue  # dropped: its client was lost before it came
                     self.cond.wait_for(lambda src=source: self._serve_granted == src)
                     self._serve_granted = None
-                # the core holds this worker's lock for us: no step or own average meanwhile
-                average = (self._flat() + self._payload(buffer)) / 2
+                # the core holds this worker's lock for us: no step or own average meanwhile;
+                # the average is made in the reply itself, in place
+                reply = self._served if self._served is not None else self.link.empty(self.frame)
+                self._served = None
+                average = self.link.flat(self.tensors, out=self._payload(reply))
+                average.add_(self._payload(buffer)).div_(2)
                 self._load(average)
                 with self.cond:  # the trainer may now step or send its request
                     self._execute(self.core.handle(Served(src=source)))
-                reply = self.link.pack(self.frame, Header().encode(), [average])
+                self.frame.write_header(reply, Header().encode())
                 if self.network is not None:
                     self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
                 self.runtime.before_send()
-                unless_lost(self.runtime.lost, source,
-                            partial(self.link.send, reply, source, tag=_REPLY_TAG))
+                if unless_lost(self.runtime.lost, source,
+                               partial(self.link.send, reply, source, tag=_REPLY_TAG)):
+                    self._served = reply  # sent: free again
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             with self.cond:
                 self._server_error = error
@@ -310,9 +324,6 @@ class ADPSGD(Protocol):
             raise RuntimeError(f"adpsgd receiver thread failed: {self._server_error!r}")
 
     # --- flat model helpers ---------------------------------------------------------------------
-    def _flat(self) -> torch.Tensor:
-        return self.link.flat(self.tensors)
-
     def _message(self, header: Header) -> torch.Tensor:
         return self.link.pack(self.frame, header.encode(), self.tensors)
 

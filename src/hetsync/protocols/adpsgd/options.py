@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from hetsync.errors import ConfigError
+from hetsync.protocols.option_field import option
 from hetsync.topology import build, cut_by_loss
 
 if TYPE_CHECKING:
@@ -16,17 +17,10 @@ __all__ = ["Options", "check", "tolerate_loss"]
 
 @dataclass
 class Options:
-    adpsgd_mode: str = "bipartite"
-    """AD-PSGD: bipartite (deadlock-free) or naive (every worker active; can deadlock)."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "adpsgd_mode": "AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; for "
-        "comparison)",
-    }
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"adpsgd_mode": ("bipartite", "naive")}
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ()
-    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ()
-    FINITE: ClassVar[tuple[str, ...]] = ()
+    adpsgd_mode: str = option("bipartite", choices=("bipartite", "naive"),
+                              help="AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; "
+                              "for comparison)")
+    """Naive: every worker active, as the paper's algorithm without its bipartite split."""
 
 
 def check(config: RunOptions) -> None:

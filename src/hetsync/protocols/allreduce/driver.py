@@ -42,6 +42,8 @@ class AllReduce(Protocol):
         super().__init__(runtime, model, optimizer)
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self.link = runtime.links.direct
+        self._flat: torch.Tensor | None = None
+        """The gradients' buffer, reused step after step (Link.flat says why)."""
         self._step = Step(0)  # the step whose decisions are being carried out
 
     def before_optimizer_step(self, step: Step) -> None:
@@ -66,7 +68,10 @@ class AllReduce(Protocol):
         grads = [p.grad for p in params if p.grad is not None]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         world = self.runtime.world_size
-        flat = self.link.flat(grads + buffers, float(reduce.vote))
+        if world == 1:  # alone, nothing to average: the real suites' solo reference
+            self._reduced(reduce.vote)
+            return
+        self._flat = flat = self.link.flat(grads + buffers, float(reduce.vote), out=self._flat)
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
@@ -78,9 +83,11 @@ class AllReduce(Protocol):
                                         time.perf_counter() - began)
         with torch.no_grad():
             self.link.unpack_into(flat[:-1], grads + buffers)
-        votes = round(float(flat[-1]))
-        self._execute(self.core.handle(Reduced(iteration=step.iteration, votes=votes)))
         step.bytes_sent += ring_allreduce_bytes(flat, world)
+        self._reduced(round(float(flat[-1])))
+
+    def _reduced(self, votes: int) -> None:
+        self._execute(self.core.handle(Reduced(iteration=self._step.iteration, votes=votes)))
 
     def on_finish(self, finish: Finish) -> None:
         self._step.stop = finish.stop

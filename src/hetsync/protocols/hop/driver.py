@@ -239,13 +239,11 @@ class Hop(Protocol):
     def _average(
         self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
     ) -> None:
-        self._average_out = average = self.link.flat(self.tensors, out=self._average_out)
-        average.mul_(self_weight)
-        for j, tag in inputs.items():
-            average.add_(self._frames[_UPDATE_TAG].payload(self.updates[j, tag]),
-                         alpha=weights[j])
-        with torch.no_grad():
-            self.link.unpack_into(average, self.tensors)
+        frame = self._frames[_UPDATE_TAG]
+        self._average_out = self.link.mix_into(
+            self.tensors, self_weight,
+            [(frame.payload(self.updates[j, tag]), weights[j]) for j, tag in inputs.items()],
+            out=self._average_out)
 
     def _describe(self, wait: Wait) -> str:
         awaited = [f"an update tagged >= {tag} from rank {j}" for j, tag in wait.updates.items()]

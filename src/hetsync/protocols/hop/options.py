@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from hetsync.errors import ConfigError
 from hetsync.protocols.hop.core import MODES, HopConfig
+from hetsync.protocols.option_field import option
 from hetsync.topology import build, cut_by_loss
 
 if TYPE_CHECKING:
@@ -20,32 +21,18 @@ _HOP = HopConfig()  # the defaults, defined once in the core
 
 @dataclass
 class Options:
-    max_gap: int = _HOP.max_gap
-    """Hop: tokens per edge, the most iterations a worker may run ahead of an out-neighbour."""
-    backup: int = _HOP.backup
-    """Hop: in-neighbours a worker need not wait for in each iteration."""
-    staleness: int = _HOP.staleness
-    """Hop: how many iterations old an in-neighbour's update may be and still be used."""
-    skip: bool = _HOP.skip
-    """Hop: a worker behind its in-neighbours jumps to their newest iteration."""
-    skip_threshold: int = _HOP.skip_threshold
-    """Hop: skip only when at least this many iterations would be skipped."""
-    hop_mode: str = _HOP.mode
-    """Hop: queues (token and update queues) or notify-ack (the design Hop improves on)."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "max_gap": "Hop: tokens per edge, the most iterations a worker may run ahead of a "
-        "receiver",
-        "backup": "Hop: in-neighbours not waited for in each iteration (backup workers)",
-        "staleness": "Hop: use in-neighbours' updates up to this many iterations old",
-        "skip": "Hop: a worker behind its in-neighbours skips to their newest iteration",
-        "skip_threshold": "Hop: skip only when at least this many iterations would be skipped",
-        "hop_mode": "Hop: queues (token and update queues) or notify-ack (for comparison)",
-    }
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"hop_mode": MODES}
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("backup", "staleness")
-    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ("max_gap", "skip_threshold")
-    FINITE: ClassVar[tuple[str, ...]] = ()
+    max_gap: int = option(_HOP.max_gap, at_least=1, help="Hop: tokens per edge, the most "
+                          "iterations a worker may run ahead of a receiver")
+    backup: int = option(_HOP.backup, at_least=0, help="Hop: in-neighbours not waited for in "
+                         "each iteration (backup workers)")
+    staleness: int = option(_HOP.staleness, at_least=0, help="Hop: use in-neighbours' updates "
+                            "up to this many iterations old")
+    skip: bool = option(_HOP.skip, help="Hop: a worker behind its in-neighbours skips to their "
+                        "newest iteration")
+    skip_threshold: int = option(_HOP.skip_threshold, at_least=1, help="Hop: skip only when at "
+                                 "least this many iterations would be skipped")
+    hop_mode: str = option(_HOP.mode, choices=MODES, help="Hop: queues (token and update "
+                           "queues) or notify-ack (for comparison)")
 
     def hop_config(self) -> HopConfig:
         """The core's configuration."""

@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from hetsync.errors import ConfigError
+from hetsync.protocols.option_field import option
 
 if TYPE_CHECKING:
     from hetsync.protocols.run_options import RunOptions
@@ -19,27 +20,17 @@ OUTER_OPTIMIZERS = ("none", "nesterov")
 
 @dataclass
 class Options:
-    local_steps: int = 8
-    """Local SGD: optimizer steps each worker takes on its own between two averages."""
-    outer_optimizer: str = "none"
-    """Local SGD: none (the average is the new model) or nesterov (DiLoCo's outer step)."""
-    outer_lr: float = 0.7
-    """Local SGD, nesterov: the outer learning rate (DiLoCo's 0.7)."""
-    outer_momentum: float = 0.9
-    """Local SGD, nesterov: the outer Nesterov momentum (DiLoCo's 0.9)."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "local_steps": "local SGD: optimizer steps each worker takes alone between averages",
-        "outer_optimizer": "local SGD: none (the average is the new model) or nesterov "
-        "(DiLoCo: outer Nesterov step on the averaged pseudo-gradient)",
-        "outer_lr": "local SGD with --outer-optimizer nesterov: the outer learning rate",
-        "outer_momentum": "local SGD with --outer-optimizer nesterov: the outer momentum, "
-        "in [0, 1)",
-    }
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"outer_optimizer": OUTER_OPTIMIZERS}
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("outer_lr", "outer_momentum")
-    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ("local_steps",)
-    FINITE: ClassVar[tuple[str, ...]] = ("outer_lr", "outer_momentum")
+    local_steps: int = option(8, at_least=1, help="local SGD: optimizer steps each worker "
+                              "takes alone between averages")
+    outer_optimizer: str = option("none", choices=OUTER_OPTIMIZERS, help="local SGD: none (the "
+                                  "average is the new model) or nesterov (DiLoCo: outer "
+                                  "Nesterov step on the averaged pseudo-gradient)")
+    outer_lr: float = option(0.7, at_least=0, finite=True, help="local SGD with "
+                             "--outer-optimizer nesterov: the outer learning rate")
+    """DiLoCo's 0.7."""
+    outer_momentum: float = option(0.9, at_least=0, finite=True, help="local SGD with "
+                                   "--outer-optimizer nesterov: the outer momentum, in [0, 1)")
+    """DiLoCo's 0.9."""
 
 
 def check(config: RunOptions) -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from hetsync.errors import ConfigError
+from hetsync.protocols.option_field import option
 from hetsync.protocols.prague.group_generator import POLICIES, GroupGeneratorCore
 from hetsync.protocols.prague.static_schedule import static_schedule, validate_period
 
@@ -22,53 +23,32 @@ PREDUCE_KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 
 @dataclass
 class Options:
-    group_size: int = 3
-    """Prague: workers per group (random groups)."""
-    schedule: str = "random"
-    """Prague: random (groups from the Group Generator) or static (a fixed periodic schedule)."""
-    gg_policy: str = "ready"
-    """Prague: ready (groups of workers that are waiting; measured fastest) or random (the
-    paper's)."""
-    group_buffer: bool = False
-    """Prague: Group Buffer, to cut conflicts (see group_buffer_mode)."""
-    group_buffer_mode: str = "queue"
-    """Prague: which reading of Group Buffer: queue (recommended) or batch."""
-    group_division: int = 1
-    """Prague: Group Division, groups form within K divisions of the workers."""
-    ready_wait: float = 20.0
-    """Prague, ready policy: ms the GG waits for a full group before grouping who waits."""
-    preduce: str = "auto"
-    """Prague: P-Reduce implementation: auto (by the network model; mesh on a free network),
-    mesh, ring, leader or subgroup."""
-    overlap: bool = True
-    """Prague, Group Generator's groups: run the P-Reduces beside the next step's compute (the
-    average lands one step late, as D-PSGD's; measured sooner to the target, and 94-97 % of
-    the ideal throughput against 78-86 % between steps); the static schedule ignores it."""
-    workers_per_node: int | None = None
-    """Prague, static schedule: node size for the node-aware schedule (None: power-of-two)."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "group_size": "Prague: workers per group",
-        "schedule": "Prague: random (Group Generator) or static (fixed periodic partitions)",
-        "gg_policy": "Prague: ready (groups of waiting workers) or random (the paper's)",
-        "group_buffer": "Prague: Group Buffer (fewer conflicts; see --group-buffer-mode)",
-        "group_buffer_mode": "Prague: queue (recommended) or batch reading of Group Buffer",
-        "group_division": "Prague: Group Division, groups form within K divisions",
-        "ready_wait": "Prague, --gg-policy ready: ms to wait for a full group",
-        "preduce": "Prague: P-Reduce implementation: auto (by the network model), mesh, ring, "
-        "leader or subgroup",
-        "overlap": "Prague (Group Generator): P-Reduces run beside the next step's compute "
-        "(averages land one step late)",
-        "workers_per_node": "Prague, --schedule static: node size (node-aware schedule)",
-    }
-    DEFAULT_TEXT: ClassVar[dict[str, str]] = {"workers_per_node": "the power-of-two schedule"}
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {
-        "schedule": ("random", "static"), "gg_policy": POLICIES,
-        "group_buffer_mode": ("queue", "batch"), "preduce": PREDUCE_KINDS,
-    }
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("ready_wait",)
-    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ("group_size", "group_division")
-    FINITE: ClassVar[tuple[str, ...]] = ("ready_wait",)
+    group_size: int = option(3, at_least=1, help="Prague: workers per group")
+    schedule: str = option("random", choices=("random", "static"), help="Prague: random (Group "
+                           "Generator) or static (fixed periodic partitions)")
+    gg_policy: str = option("ready", choices=POLICIES, help="Prague: ready (groups of waiting "
+                            "workers) or random (the paper's)")
+    """Ready was measured fastest."""
+    group_buffer: bool = option(False, help="Prague: Group Buffer (fewer conflicts; see "
+                                "--group-buffer-mode)")
+    group_buffer_mode: str = option("queue", choices=("queue", "batch"), help="Prague: queue "
+                                    "(recommended) or batch reading of Group Buffer")
+    group_division: int = option(1, at_least=1, help="Prague: Group Division, groups form "
+                                 "within K divisions")
+    ready_wait: float = option(20.0, at_least=0, finite=True, help="Prague, --gg-policy ready: "
+                               "ms to wait for a full group")
+    """Then the Group Generator groups whoever waits."""
+    preduce: str = option("auto", choices=PREDUCE_KINDS, help="Prague: P-Reduce "
+                          "implementation: auto (by the network model), mesh, ring, leader or "
+                          "subgroup")
+    """Auto: mesh on a free network."""
+    overlap: bool = option(True, help="Prague (Group Generator): P-Reduces run beside the next "
+                           "step's compute (averages land one step late)")
+    """As D-PSGD's; measured sooner to the target, and 94-97 % of the ideal throughput against
+    78-86 % between steps; the static schedule ignores it."""
+    workers_per_node: int | None = option(None, default_text="the power-of-two schedule",
+                                          help="Prague, --schedule static: node size "
+                                          "(node-aware schedule)")
 
 
 def group_generator(config: RunOptions) -> GroupGeneratorCore:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from hetsync.errors import ConfigError
+from hetsync.protocols.option_field import option
 from hetsync.protocols.ps.core import MODES
 
 if TYPE_CHECKING:
@@ -16,21 +17,11 @@ __all__ = ["Options", "check", "tolerate_loss"]
 
 @dataclass
 class Options:
-    ps_mode: str = "sync"
-    """Parameter server: sync (wait for every worker) or async (apply each gradient)."""
-    ps_backup: int = 0
-    """Parameter server, sync: a round closes at the first workers - ps_backup gradients; late
-    ones are dropped (backup workers, Chen et al. 2016)."""
-
-    HELP: ClassVar[dict[str, str]] = {
-        "ps_mode": "parameter server: sync or async",
-        "ps_backup": "parameter server, sync: backup workers, gradients not waited for per round "
-        "(late ones dropped)",
-    }
-    CHOICES: ClassVar[dict[str, tuple[str, ...]]] = {"ps_mode": MODES}
-    NON_NEGATIVE: ClassVar[tuple[str, ...]] = ("ps_backup",)
-    AT_LEAST_ONE: ClassVar[tuple[str, ...]] = ()
-    FINITE: ClassVar[tuple[str, ...]] = ()
+    ps_mode: str = option("sync", choices=MODES, help="parameter server: sync or async")
+    """Sync waits for every worker; async applies each gradient as it comes."""
+    ps_backup: int = option(0, at_least=0, help="parameter server, sync: backup workers, "
+                            "gradients not waited for per round (late ones dropped)")
+    """A round closes at the first workers - ps_backup gradients (Chen et al. 2016)."""
 
 
 def check(config: RunOptions) -> None:
