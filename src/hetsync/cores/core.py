@@ -10,11 +10,11 @@ with a core whose state it broke halfway.
 from __future__ import annotations
 
 from enum import Enum
-from typing import ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, NoReturn, TypeVar
 
 from hetsync.cores.errors import LocalProtocolError, ProtocolError
 
-__all__ = ["Core"]
+__all__ = ["Core", "unhandled"]
 
 EventT = TypeVar("EventT")
 DecisionT = TypeVar("DecisionT")
@@ -44,3 +44,11 @@ class Core(Generic[EventT, DecisionT]):
 
     def _handle(self, event: EventT) -> list[DecisionT]:
         raise NotImplementedError
+
+
+def unhandled(decision: NoReturn) -> NoReturn:
+    """The last case of a protocol's `dispatch`: a type checker sees that `decision` can be
+    no member of the decisions' union (`typing.assert_never`'s check, on Python 3.10 too), so
+    a decision added to the union without a case fails type-checking; at run time, a value
+    that is no decision at all fails here."""
+    raise TypeError(f"no handler for decision {decision!r}")

@@ -221,6 +221,16 @@ class SimWorker:
         self._compute_s = self._injected_s = self._wait_s = self._network_s = 0.0
         self._bytes = 0.0
 
+    def end_iteration_then(self, iteration: int, stop: bool,
+                           computed: Callable[[int], None]) -> None:
+        """Iteration `iteration` is complete: log its row, then leave the run if `stop`, else
+        compute the next iteration and call `computed` with it."""
+        self.end_iteration()
+        if stop:
+            self.finish()
+        else:
+            self.compute(iteration + 1, computed, iteration + 1)
+
     def finish(self) -> None:
         """The worker left the run."""
         self.done = True

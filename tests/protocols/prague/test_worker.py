@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from hetsync.config import RunConfig
 from hetsync.cores.errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from hetsync.protocols.prague.group_generator import Group
 from hetsync.protocols.prague.worker import (
@@ -203,3 +204,12 @@ def test_bad_rank_and_bare_protocol_errors_are_rejected():
         PragueWorkerCore(rank=4, world=4)
     with pytest.raises(TypeError, match="LocalProtocolError or RemoteProtocolError"):
         ProtocolError("whose fault?")
+
+
+@pytest.mark.parametrize(("options", "overlap"), [
+    ({}, True), ({"overlap": False}, False), ({"schedule": "static"}, False),
+])
+def test_both_engines_build_the_core_from_the_run_options(options, overlap):
+    config = RunConfig(protocol="prague", workers=4, workload="svm", **options)
+    core = PragueWorkerCore.of_run(config, 3, 4)
+    assert (core.rank, core.overlap) == (3, overlap)

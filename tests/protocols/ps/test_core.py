@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from hetsync.config import RunConfig
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.ps.core import (
     Accumulate,
@@ -185,3 +186,12 @@ def test_random_speeds_every_push_answered_and_staleness_is_the_version_gap(mode
     if mode == "sync":
         assert len({w.version for w in workers}) == 1  # all end on the same model
         assert (server.dropped > 0) == (backup > 0)
+
+
+@pytest.mark.parametrize(("mode", "backup"), [("sync", 1), ("async", 0)])
+def test_both_engines_build_the_cores_from_the_run_options(mode, backup):
+    options = RunConfig(protocol="ps", workers=3, workload="svm", ps_mode=mode, ps_backup=backup)
+    server, worker = PSServerCore.of_run(options, 3), PSWorkerCore.of_run(options, 2)
+    assert (server.world, server.sync, worker.rank, worker.sync) == (3, mode == "sync", 2,
+                                                                       mode == "sync")
+    assert (server.rounds.quorum, worker.backup) == (3 - backup, backup)

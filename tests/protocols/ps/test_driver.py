@@ -105,7 +105,8 @@ def test_ps_backup_is_checked_before_starting(options, match):
 def test_server_applies_each_push_with_the_worker_optimizer(sync):
     param = nn.Parameter(torch.tensor([1.0, 2.0]))
     buffer = torch.tensor([5.0])
-    server = _Server(torch.optim.SGD([param], lr=0.5), [buffer], sync=sync, world=1)
+    server = _Server(torch.optim.SGD([param], lr=0.5), [buffer],
+                     PSServerCore(1, "sync" if sync else "async"))
     reply = server.push(_push(server, [2.0, -2.0], delta=(1.5,)))
     assert _read(server, reply) == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
     server.close()
@@ -115,7 +116,7 @@ def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
     weight, bias = nn.Parameter(torch.tensor([1.0])), nn.Parameter(torch.tensor([1.0]))
     worker = torch.optim.SGD([{"params": [weight], "weight_decay": 1.0},
                               {"params": [bias], "weight_decay": 0.0}], lr=0.5)
-    server = _Server(worker, [], sync=True, world=1)
+    server = _Server(worker, [], PSServerCore(1))
     assert _read(server, server.push(_push(server, [0.0, 0.0]))) == [1.0, 0.0, 0.0, 0.5, 1.0]
     for group in worker.param_groups:  # as a scheduler does, after the optimizer was wrapped
         group["lr"] = 0.1
@@ -128,7 +129,7 @@ def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
     # n pushes at 1/n of the rate: one step's worth, for Adam too (scaling the gradient by
     # 1/n instead would take n full Adam steps, since Adam normalises the gradient away).
     param = nn.Parameter(torch.zeros(2))
-    server = _Server(torch.optim.Adam([param], lr=0.1), [], sync=False, world=2)
+    server = _Server(torch.optim.Adam([param], lr=0.1), [], PSServerCore(2, "async"))
     with server.cond:  # the serving thread died at once (no process group); pushes go direct
         for version in range(2):
             server._accept(_push(server, [1.0, -2.0], version=version), 1)
@@ -138,7 +139,7 @@ def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
 def test_a_dead_server_thread_is_reported_not_waited_for():
     # No process group: the serving thread's first receive fails.
     param = nn.Parameter(torch.zeros(2))
-    server = _Server(torch.optim.SGD([param], lr=0.1), [], sync=True, world=2)
+    server = _Server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(2))
     with pytest.raises(RuntimeError, match="parameter server thread died"):
         server.push(_push(server, [1.0, 1.0]))
 
@@ -150,7 +151,7 @@ def test_a_reply_to_a_worker_that_just_died_neither_deadlocks_nor_misses_its_los
     param = nn.Parameter(torch.zeros(2))
     store = dist.HashStore()
     lost = LostWorkers(store, world_size=3, confirm_timeout=5.0)
-    server = _Server(torch.optim.SGD([param], lr=0.1), [], sync=True, world=1, lost=lost)
+    server = _Server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(1), lost=lost)
     server.core, server.remote = PSServerCore(3, "sync"), {1, 2}
 
     def closed(*args: object, **kwargs: object) -> None:

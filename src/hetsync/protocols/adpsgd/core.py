@@ -37,16 +37,17 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol, TypeVar
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.topology import Topology
 
 __all__ = [
-    "ADPSGDCore", "ADPSGDState", "ByeReceived", "ComputeFinished", "Finish", "Holder",
-    "IterationStarted", "Leave", "LoadAverage", "PeerLost", "ReplyLost", "ReplyReceived",
-    "RequestReceived", "SendBye",
-    "SendRequest", "Serve", "Served", "ServerDone", "StepFinished", "StepGranted", "roles",
+    "ADPSGDCore", "ADPSGDDecisionHandler", "ADPSGDState", "ByeReceived", "ComputeFinished",
+    "Finish", "Holder", "IterationStarted", "Leave", "LoadAverage", "PeerLost", "ReplyLost",
+    "ReplyReceived", "RequestReceived", "SendBye", "SendRequest", "Serve", "Served",
+    "ServerDone", "StepFinished", "StepGranted", "dispatch", "roles",
 ]
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -188,6 +189,43 @@ class ServerDone:
 Event = (IterationStarted | ComputeFinished | ReplyReceived | StepFinished | Leave
          | RequestReceived | Served | ByeReceived | ReplyLost | PeerLost)
 Decision = SendRequest | LoadAverage | StepGranted | Finish | Serve | SendBye | ServerDone
+
+R = TypeVar("R", covariant=True)
+
+
+class ADPSGDDecisionHandler(Protocol[R]):
+    """What executes AD-PSGD's decisions: the driver and the simulated worker each
+    implement every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_send_request(self, decision: SendRequest, /) -> R: ...
+    def on_load_average(self, decision: LoadAverage, /) -> R: ...
+    def on_step_granted(self, decision: StepGranted, /) -> R: ...
+    def on_finish(self, decision: Finish, /) -> R: ...
+    def on_serve(self, decision: Serve, /) -> R: ...
+    def on_send_bye(self, decision: SendBye, /) -> R: ...
+    def on_server_done(self, decision: ServerDone, /) -> R: ...
+
+
+def dispatch(decision: Decision, handler: ADPSGDDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case SendRequest():
+            return handler.on_send_request(decision)
+        case LoadAverage():
+            return handler.on_load_average(decision)
+        case StepGranted():
+            return handler.on_step_granted(decision)
+        case Finish():
+            return handler.on_finish(decision)
+        case Serve():
+            return handler.on_serve(decision)
+        case SendBye():
+            return handler.on_send_bye(decision)
+        case ServerDone():
+            return handler.on_server_done(decision)
+        case _:
+            unhandled(decision)
 
 
 class ADPSGDState(Enum):

@@ -64,6 +64,7 @@ from hetsync.protocols.adpsgd.core import (
     ServerDone,
     StepFinished,
     StepGranted,
+    dispatch,
 )
 from hetsync.protocols.adpsgd.wire import Header, frame
 from hetsync.protocols.base import Protocol, Step
@@ -156,24 +157,32 @@ class ADPSGD(Protocol):
         """Carry out the core's `decisions` (cond held): load an average now, record a grant
         for the thread it is for, and wake the threads waiting for one."""
         for decision in decisions:
-            if isinstance(decision, SendRequest):
-                self._request_to = decision.partner
-            elif isinstance(decision, LoadAverage):
-                pending = self._pending
-                assert pending is not None and pending.partner == decision.partner
-                self._load(self.drift.apply(self._payload(pending.reply),
-                                            self._payload(pending.message)))
-            elif isinstance(decision, StepGranted):
-                self._step_granted = decision.iteration
-            elif isinstance(decision, Finish):
-                self._stop = decision.stop
-            elif isinstance(decision, Serve):
-                self._serve_granted = decision.client
-            elif isinstance(decision, SendBye):
-                self._byes.extend(decision.to)
-            elif isinstance(decision, ServerDone):
-                self._server_done = True
+            dispatch(decision, self)
         self.cond.notify_all()
+
+    # --- the core's decisions (`ADPSGDDecisionHandler`), cond held ---------------------------
+    def on_send_request(self, decision: SendRequest) -> None:
+        self._request_to = decision.partner
+
+    def on_load_average(self, decision: LoadAverage) -> None:
+        pending = self._pending
+        assert pending is not None and pending.partner == decision.partner
+        self._load(self.drift.apply(self._payload(pending.reply), self._payload(pending.message)))
+
+    def on_step_granted(self, decision: StepGranted) -> None:
+        self._step_granted = decision.iteration
+
+    def on_finish(self, decision: Finish) -> None:
+        self._stop = decision.stop
+
+    def on_serve(self, decision: Serve) -> None:
+        self._serve_granted = decision.client
+
+    def on_send_bye(self, decision: SendBye) -> None:
+        self._byes.extend(decision.to)
+
+    def on_server_done(self, decision: ServerDone) -> None:
+        self._server_done = True
 
     def _request(self, step: Step) -> None:
         self._begun = step.iteration

@@ -23,6 +23,7 @@ from hetsync.protocols.adpsgd.core import (
     ADPSGDCore,
     ByeReceived,
     ComputeFinished,
+    Decision,
     Finish,
     IterationStarted,
     Leave,
@@ -38,6 +39,7 @@ from hetsync.protocols.adpsgd.core import (
     ServerDone,
     StepFinished,
     StepGranted,
+    dispatch,
 )
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
@@ -84,54 +86,62 @@ class ADPSGDSimWorker(SimWorker):
             self.block(f"rank {partner}'s reply" if partner is not None else "its model lock")
         self._run(decisions)
 
-    def _run(self, decisions: list[Any]) -> None:
-        sim, math = self.sim, self.sim.math
+    def _run(self, decisions: list[Decision]) -> None:
         for decision in decisions:
-            if isinstance(decision, SendRequest):
-                partner = self._partner = decision.partner
-                if math is not None:
-                    math.send_model(self.rank)
-                arrival = sim.payload_arrival(self.rank, partner)
-                sim.deliver(self.rank, partner, arrival, self.peers[partner].receive,
-                            RequestReceived(src=self.rank))
-                self.charge(nbytes=sim.costs.payload_bytes)
-            elif isinstance(decision, Serve):
-                client = decision.client
-                if math is not None:
-                    self.peers[client]._reply[self.rank] = math.serve(self.rank, client)
-                arrival = sim.payload_arrival(self.rank, client)
-                sent = arrival - sim.costs.network.nics[self.rank].latency
-                self.peers[client]._answered.add(self.rank)
-                sim.deliver(self.rank, client, arrival, self.peers[client].receive,
-                            ReplyReceived(src=self.rank))
-                sim.at(self.rank, sent, self.receive, Served(src=client))
-            elif isinstance(decision, LoadAverage):
-                self._answered.discard(decision.partner)
-                if math is not None:
-                    math.load(self.rank, self._reply.pop(decision.partner))
-            elif isinstance(decision, StepGranted):
-                self.unblock()
-                if math is not None:
-                    math.step(self.rank)
-                k = decision.iteration
-                self._run(self.core.handle(StepFinished(iteration=k,
-                                                        wants_stop=sim.wants_stop(k))))
-            elif isinstance(decision, Finish):
-                self.end_iteration(partner=self._partner if self._partner is not None else -1)
-                self._partner = None
-                if decision.stop:
-                    self._left = True
-                    self._run(self.core.handle(Leave()))
-                    self._maybe_finish()
-                else:
-                    self._begin(decision.iteration + 1)
-            elif isinstance(decision, SendBye):
-                for partner in decision.to:
-                    sim.control(self.rank, partner, self.peers[partner].receive,
-                                ByeReceived(src=self.rank))
-            elif isinstance(decision, ServerDone):
-                self._server_done = True
-                self._maybe_finish()
+            dispatch(decision, self)
+
+    # --- the core's decisions (`ADPSGDDecisionHandler`) -----------------------------------
+    def on_send_request(self, decision: SendRequest) -> None:
+        sim = self.sim
+        partner = self._partner = decision.partner
+        if sim.math is not None:
+            sim.math.send_model(self.rank)
+        arrival = sim.payload_arrival(self.rank, partner)
+        sim.deliver(self.rank, partner, arrival, self.peers[partner].receive,
+                    RequestReceived(src=self.rank))
+        self.charge(nbytes=sim.costs.payload_bytes)
+
+    def on_serve(self, decision: Serve) -> None:
+        sim, client = self.sim, decision.client
+        if sim.math is not None:
+            self.peers[client]._reply[self.rank] = sim.math.serve(self.rank, client)
+        arrival = sim.payload_arrival(self.rank, client)
+        sent = arrival - sim.costs.network.nics[self.rank].latency
+        self.peers[client]._answered.add(self.rank)
+        sim.deliver(self.rank, client, arrival, self.peers[client].receive,
+                    ReplyReceived(src=self.rank))
+        sim.at(self.rank, sent, self.receive, Served(src=client))
+
+    def on_load_average(self, decision: LoadAverage) -> None:
+        self._answered.discard(decision.partner)
+        if self.sim.math is not None:
+            self.sim.math.load(self.rank, self._reply.pop(decision.partner))
+
+    def on_step_granted(self, decision: StepGranted) -> None:
+        self.unblock()
+        if self.sim.math is not None:
+            self.sim.math.step(self.rank)
+        k = decision.iteration
+        self._run(self.core.handle(StepFinished(iteration=k, wants_stop=self.sim.wants_stop(k))))
+
+    def on_finish(self, decision: Finish) -> None:
+        self.end_iteration(partner=self._partner if self._partner is not None else -1)
+        self._partner = None
+        if decision.stop:
+            self._left = True
+            self._run(self.core.handle(Leave()))
+            self._maybe_finish()
+        else:
+            self._begin(decision.iteration + 1)
+
+    def on_send_bye(self, decision: SendBye) -> None:
+        for partner in decision.to:
+            self.sim.control(self.rank, partner, self.peers[partner].receive,
+                             ByeReceived(src=self.rank))
+
+    def on_server_done(self, decision: ServerDone) -> None:
+        self._server_done = True
+        self._maybe_finish()
 
     def _maybe_finish(self) -> None:
         if self._left and self._server_done and not self.done:

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol, TypeVar
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
-    "AllReduceRound", "AllReduceState", "AllReduceWorker", "Completed", "Contributed", "Finish",
-    "GradientsReady", "Reduce", "Reduced",
+    "AllReduceDecisionHandler", "AllReduceRound", "AllReduceState", "AllReduceWorker",
+    "Completed", "Contributed", "Decision", "Finish", "GradientsReady", "Reduce", "Reduced",
+    "dispatch",
 ]
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -65,6 +67,32 @@ class Finish:
     stop: bool
 
 
+Decision = Reduce | Finish
+"""A worker's decisions (the collective's, `Completed`, have one engine: the simulator)."""
+
+R = TypeVar("R", covariant=True)
+
+
+class AllReduceDecisionHandler(Protocol[R]):
+    """What executes a worker's decisions: the driver and the simulated worker each
+    implement every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_reduce(self, decision: Reduce, /) -> R: ...
+    def on_finish(self, decision: Finish, /) -> R: ...
+
+
+def dispatch(decision: Decision, handler: AllReduceDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case Reduce():
+            return handler.on_reduce(decision)
+        case Finish():
+            return handler.on_finish(decision)
+        case _:
+            unhandled(decision)
+
+
 # --- the collective's events and decisions -----------------------------------------------------
 @dataclass(**_frozen)
 class Contributed:
@@ -91,7 +119,7 @@ class AllReduceState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class AllReduceWorker(Core[GradientsReady | Reduced, Reduce | Finish]):
+class AllReduceWorker(Core[GradientsReady | Reduced, Decision]):
     """One worker's all-reduce decisions (see the module doc)."""
     REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 

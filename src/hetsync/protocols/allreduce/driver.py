@@ -19,10 +19,12 @@ from torch import nn
 from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols.allreduce.core import (
     AllReduceWorker,
+    Decision,
     Finish,
     GradientsReady,
     Reduce,
     Reduced,
+    dispatch,
 )
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.registry import register_protocol
@@ -42,9 +44,23 @@ class AllReduce(Protocol):
         self.link = runtime.links.direct
         self._flat: torch.Tensor | None = None
         """The gradients' buffer, reused step after step (Link.flat says why)."""
+        self._step = Step(0)  # the step whose decisions are being carried out
 
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
+        self._step = step
+        self._execute(self.core.handle(GradientsReady(iteration=step.iteration,
+                                                      wants_stop=step.wants_stop)))
+
+    def _execute(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            dispatch(decision, self)
+
+    # --- the core's decisions (`AllReduceDecisionHandler`), for `_step` ----------------------
+    def on_reduce(self, reduce: Reduce) -> None:
+        """All-reduce the gradients, the buffers and the vote; the gradients are then the
+        mean, and the core says whether to stop."""
+        step = self._step
         params = [p for p in self.model.parameters() if p.requires_grad]
         for p in params:
             if p.grad is None:
@@ -52,11 +68,8 @@ class AllReduce(Protocol):
         grads = [p.grad for p in params if p.grad is not None]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         world = self.runtime.world_size
-        [reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
-                                                   wants_stop=step.wants_stop))
-        assert isinstance(reduce, Reduce)
         if world == 1:  # alone, nothing to average: the real suites' solo reference
-            self._finish(step, int(reduce.vote))
+            self._reduced(reduce.vote)
             return
         self._flat = flat = self.link.flat(grads + buffers, float(reduce.vote), out=self._flat)
         flat[:-1].div_(reduce.divisor)
@@ -71,12 +84,13 @@ class AllReduce(Protocol):
         with torch.no_grad():
             self.link.unpack_into(flat[:-1], grads + buffers)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
-        self._finish(step, round(float(flat[-1])))
+        self._reduced(round(float(flat[-1])))
 
-    def _finish(self, step: Step, votes: int) -> None:
-        [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=votes))
-        assert isinstance(finish, Finish)
-        step.stop = finish.stop
+    def _reduced(self, votes: int) -> None:
+        self._execute(self.core.handle(Reduced(iteration=self._step.iteration, votes=votes)))
+
+    def on_finish(self, finish: Finish) -> None:
+        self._step.stop = finish.stop
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: the stop decision was agreed in the all-reduce."""

@@ -14,17 +14,18 @@ the compute, as All-Reduce.
 
 from __future__ import annotations
 
-from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols.allreduce.core import (
     AllReduceRound,
     AllReduceWorker,
-    Completed,
     Contributed,
+    Decision,
     Finish,
     GradientsReady,
     Reduce,
     Reduced,
+    dispatch,
 )
+from hetsync.simulator.collective import RingAllReduce
 from hetsync.simulator.world import Simulation, SimWorker
 
 __all__ = ["build_workers"]
@@ -37,28 +38,16 @@ class Collective:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.round = AllReduceRound(sim.world)
+        self.ring = RingAllReduce(sim)
         self.workers: list[AllReduceSimWorker] = []
-        self._duration: float | None = None
 
     def contribute(self, rank: int, reduce: Reduce) -> None:
         event = Contributed(rank=rank, iteration=reduce.iteration, vote=reduce.vote)
         for completed in self.round.handle(event):
-            self._run(completed)
-
-    def _run(self, completed: Completed) -> None:
-        sim = self.sim
-        if self._duration is None:
-            messages = ring_allreduce(range(sim.world), sim.costs.payload_bytes)
-            self._duration = sim.costs.network.duration(messages)
-        now = sim.clock.now
-        end = now + self._duration
-        if sim.math is not None:
-            sim.math.average_gradients(range(sim.world))
-        nbytes = 2 * (sim.world - 1) / sim.world * sim.costs.payload_bytes
-        reduced = Reduced(iteration=completed.iteration, votes=completed.votes)
-        for worker in self.workers:
-            worker.charge(network_s=end - now, nbytes=nbytes)
-            sim.clock.at(end, worker.reduced, reduced)
+            if self.sim.math is not None:
+                self.sim.math.average_gradients(range(self.sim.world))
+            reduced = Reduced(iteration=completed.iteration, votes=completed.votes)
+            self.ring.end(self.workers, AllReduceSimWorker.reduced, reduced)
 
 
 class AllReduceSimWorker(SimWorker):
@@ -74,22 +63,25 @@ class AllReduceSimWorker(SimWorker):
         if self.sim.math is not None:
             self.sim.math.gradient(self.rank)
         event = GradientsReady(iteration=iteration, wants_stop=self.sim.wants_stop(iteration))
-        for decision in self.core.handle(event):
-            assert isinstance(decision, Reduce)
-            self.block(lambda: f"the all-reduce of iteration {iteration}")
-            self.collective.contribute(self.rank, decision)
+        self._run(self.core.handle(event))
 
     def reduced(self, event: Reduced) -> None:
         self.unblock()
-        for decision in self.core.handle(event):
-            assert isinstance(decision, Finish)
-            if self.sim.math is not None:
-                self.sim.math.step(self.rank)
-            self.end_iteration()
-            if decision.stop:
-                self.finish()
-            else:
-                self.compute(decision.iteration + 1, self._computed, decision.iteration + 1)
+        self._run(self.core.handle(event))
+
+    def _run(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            dispatch(decision, self)
+
+    # --- the core's decisions (`AllReduceDecisionHandler`) ---------------------------------
+    def on_reduce(self, decision: Reduce) -> None:
+        self.block(lambda: f"the all-reduce of iteration {decision.iteration}")
+        self.collective.contribute(self.rank, decision)
+
+    def on_finish(self, decision: Finish) -> None:
+        if self.sim.math is not None:
+            self.sim.math.step(self.rank)
+        self.end_iteration_then(decision.iteration, decision.stop, self._computed)
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:

@@ -30,6 +30,7 @@ from hetsync.protocols.allreduce.core import (
     GradientsReady,
     Reduce,
     Reduced,
+    dispatch,
 )
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.registry import register_protocol
@@ -64,10 +65,19 @@ class DDP(Protocol):
 
     def before_optimizer_step(self, step: Step) -> None:
         # Gradients were reduced during backward(); only the votes remain to be read.
-        [finish] = self.core.handle(Reduced(iteration=step.iteration, votes=self._votes))
-        assert isinstance(finish, Finish)
-        step.stop = finish.stop
+        self.step = step
+        for decision in self.core.handle(Reduced(iteration=step.iteration, votes=self._votes)):
+            dispatch(decision, self)
         self._reduce, self._votes = None, 0
+
+    # --- the core's decisions (`AllReduceDecisionHandler`), for `step` -----------------------
+    def on_reduce(self, reduce: Reduce) -> None:
+        """What every bucket of this iteration contributes (`_hook`)."""
+        self._reduce = reduce
+
+    def on_finish(self, finish: Finish) -> None:
+        assert self.step is not None
+        self.step.stop = finish.stop
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: DDP reduced the gradients during backward()."""
@@ -83,10 +93,11 @@ class DDP(Protocol):
         step.begin_sync()
         world = self.runtime.world_size
         if self._reduce is None:  # the iteration's first bucket
-            [self._reduce] = self.core.handle(GradientsReady(iteration=step.iteration,
-                                                             wants_stop=step.wants_stop))
+            for decision in self.core.handle(GradientsReady(iteration=step.iteration,
+                                                            wants_stop=step.wants_stop)):
+                dispatch(decision, self)
         reduce = self._reduce
-        assert isinstance(reduce, Reduce)
+        assert reduce is not None
         buffer = bucket.buffer()
         flat = self.link.flat([buffer], float(reduce.vote))
         flat[:-1].div_(reduce.divisor)

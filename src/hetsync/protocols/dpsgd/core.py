@@ -24,17 +24,17 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import networkx as nx
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.cores.stop_agreement import StopAgreement
 
 __all__ = [
-    "Average", "ComputeFinished", "DPSGDCore", "DPSGDState", "Exchange", "IterationStarted",
-    "ModelReceived", "Neighbourhood", "flood_hops",
+    "Average", "ComputeFinished", "DPSGDCore", "DPSGDDecisionHandler", "DPSGDState", "Decision",
+    "Exchange", "IterationStarted", "ModelReceived", "Neighbourhood", "dispatch", "flood_hops",
 ]
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -124,6 +124,31 @@ class Average:
     stop: bool
 
 
+Decision = Exchange | Average
+
+R = TypeVar("R", covariant=True)
+
+
+class DPSGDDecisionHandler(Protocol[R]):
+    """What executes D-PSGD's decisions: the driver and the simulated worker each implement
+    every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_exchange(self, decision: Exchange, /) -> R: ...
+    def on_average(self, decision: Average, /) -> R: ...
+
+
+def dispatch(decision: Decision, handler: DPSGDDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case Exchange():
+            return handler.on_exchange(decision)
+        case Average():
+            return handler.on_average(decision)
+        case _:
+            unhandled(decision)
+
+
 class DPSGDState(Enum):
     IDLE = "idle"  # between iterations
     COMPUTING = "computing"  # x_k sent; the gradient is being computed
@@ -132,7 +157,7 @@ class DPSGDState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class DPSGDCore(Core[IterationStarted | ComputeFinished | ModelReceived, Exchange | Average]):
+class DPSGDCore(Core[IterationStarted | ComputeFinished | ModelReceived, Decision]):
     """One D-PSGD worker's state machine (see the module doc)."""
     REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 

@@ -27,10 +27,12 @@ from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.dpsgd.core import (
     Average,
     ComputeFinished,
+    Decision,
     DPSGDCore,
     Exchange,
     IterationStarted,
     ModelReceived,
+    dispatch,
 )
 from hetsync.protocols.dpsgd.wire import ModelHeader, frame
 from hetsync.protocols.registry import register_protocol
@@ -69,6 +71,7 @@ class DPSGD(Protocol):
         self.link = runtime.links.direct  # known peers: on the GPU under NCCL
         self.core = self._new_core(config.max_iterations)
         self._exchange: _Posted | None = None
+        self._step = Step(0)  # the step whose decisions are being carried out
         self._spare: list[torch.Tensor] = []  # message buffers no exchange is using
         self._average: torch.Tensor | None = None
 
@@ -89,21 +92,14 @@ class DPSGD(Protocol):
             self._post(step)
 
     def _post(self, step: Step) -> _Posted:
-        [exchange] = self.core.handle(IterationStarted(iteration=step.iteration))
-        assert isinstance(exchange, Exchange)
-        posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
-        send = self.link.pack(self.frame, ModelHeader(exchange.stop_at, posted).encode(),
-                              self.tensors, out=self._buffer())
-        received = {j: self._buffer() for j in exchange.receive_from}
-        self.runtime.before_send()
-        works = self.link.post([(send, j) for j in exchange.send_to],
-                               [(buf, j) for j, buf in received.items()], _TAG)
-        step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
-        self._exchange = _Posted(send, received, works, exchange)
+        self._step = step
+        self._execute(self.core.handle(IterationStarted(iteration=step.iteration)))
+        assert self._exchange is not None
         return self._exchange
 
     def before_optimizer_step(self, step: Step) -> None:
         inflight = self._exchange or self._post(step)
+        self._step = step
         send, received, exchange = inflight.send, inflight.received, inflight.exchange
         step.begin_sync()
         k = step.iteration
@@ -116,19 +112,41 @@ class DPSGD(Protocol):
         for j, buf in received.items():
             stop_at = ModelHeader.decode(self.frame, buf).stop_at
             decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
-        [average_] = decisions
-        assert isinstance(average_, Average)
-        sent = self.frame.payload(send)
+        self._execute(decisions)
+        self._exchange = None
+
+    def _execute(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            dispatch(decision, self)
+
+    # --- the core's decisions (`DPSGDDecisionHandler`), for `_step` --------------------------
+    def on_exchange(self, exchange: Exchange) -> None:
+        """Post the exchange of x_k: it runs while the gradient is computed."""
+        step = self._step
+        posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
+        send = self.link.pack(self.frame, ModelHeader(exchange.stop_at, posted).encode(),
+                              self.tensors, out=self._buffer())
+        received = {j: self._buffer() for j in exchange.receive_from}
+        self.runtime.before_send()
+        works = self.link.post([(send, j) for j in exchange.send_to],
+                               [(buf, j) for j, buf in received.items()], _TAG)
+        step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
+        self._exchange = _Posted(send, received, works, exchange)
+
+    def on_average(self, average_: Average) -> None:
+        """Average x_k with the neighbours' x_k, all in (`before_optimizer_step`)."""
+        inflight = self._exchange
+        assert inflight is not None
+        sent = self.frame.payload(inflight.send)
         if self._average is None:
             self._average = torch.empty_like(sent)
         average = torch.mul(sent, average_.self_weight, out=self._average)
-        for j, buf in received.items():
+        for j, buf in inflight.received.items():
             average.add_(self.frame.payload(buf), alpha=average_.weights[j])
         with torch.no_grad():
             self.link.unpack_into(self.drift.apply(average, sent), self.tensors)
-        step.stop = average_.stop
-        self._exchange = None
-        self._spare += [send, *received.values()]  # the exchange is over: free again
+        self._step.stop = average_.stop
+        self._spare += [inflight.send, *inflight.received.values()]  # the exchange is over
 
     def _buffer(self) -> torch.Tensor:
         """A message buffer: one a finished exchange left, else a new one (reused because a

@@ -8,16 +8,16 @@ starts the next iteration, or stops on the agreed iteration.
 
 from __future__ import annotations
 
-from typing import Any
-
 from hetsync.network.patterns import fan_out
 from hetsync.protocols.dpsgd.core import (
     Average,
     ComputeFinished,
+    Decision,
     DPSGDCore,
     Exchange,
     IterationStarted,
     ModelReceived,
+    dispatch,
 )
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
@@ -53,33 +53,37 @@ class DPSGDSimWorker(SimWorker):
                                          for j in waiting))
         self._run(decisions)
 
-    def _run(self, decisions: list[Any]) -> None:
-        sim, math = self.sim, self.sim.math
+    def _run(self, decisions: list[Decision]) -> None:
         for decision in decisions:
-            if isinstance(decision, Exchange):
-                k, to = decision.iteration, decision.send_to
-                if math is not None:
-                    math.publish(self.rank, k, len(to))
-                messages = fan_out(self.rank, to, sim.costs.payload_bytes)
-                arrivals = sim.costs.network.send(messages, at=sim.clock.now)
-                event = ModelReceived(src=self.rank, iteration=k, stop_at=decision.stop_at)
-                for dst, arrival in zip(to, arrivals, strict=True):
-                    sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
-                self.charge(nbytes=sim.costs.payload_bytes * len(to))
-            elif isinstance(decision, Average):
-                self.unblock()
-                k = decision.iteration
-                if math is not None:
-                    math.mix(self.rank, decision.self_weight, decision.weights,
-                             dict.fromkeys(decision.weights, k))
-                    for j in decision.weights:
-                        math.drop(j, (k,))
-                    math.step(self.rank)
-                self.end_iteration()
-                if decision.stop:
-                    self.finish()
-                else:
-                    self._begin(k + 1)
+            dispatch(decision, self)
+
+    # --- the core's decisions (`DPSGDDecisionHandler`) -------------------------------------
+    def on_exchange(self, decision: Exchange) -> None:
+        sim = self.sim
+        k, to = decision.iteration, decision.send_to
+        if sim.math is not None:
+            sim.math.publish(self.rank, k, len(to))
+        messages = fan_out(self.rank, to, sim.costs.payload_bytes)
+        arrivals = sim.costs.network.send(messages, at=sim.clock.now)
+        event = ModelReceived(src=self.rank, iteration=k, stop_at=decision.stop_at)
+        for dst, arrival in zip(to, arrivals, strict=True):
+            sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
+        self.charge(nbytes=sim.costs.payload_bytes * len(to))
+
+    def on_average(self, decision: Average) -> None:
+        self.unblock()
+        k, math = decision.iteration, self.sim.math
+        if math is not None:
+            math.mix(self.rank, decision.self_weight, decision.weights,
+                     dict.fromkeys(decision.weights, k))
+            for j in decision.weights:
+                math.drop(j, (k,))
+            math.step(self.rank)
+        self.end_iteration()
+        if decision.stop:
+            self.finish()
+        else:
+            self._begin(k + 1)
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:

@@ -57,8 +57,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Protocol, TypeVar
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.topology import Topology
 
@@ -68,6 +69,7 @@ __all__ = [
     "Decision",
     "Drop",
     "Event",
+    "HopDecisionHandler",
     "HopConfig",
     "HopCore",
     "NeighbourLeft",
@@ -81,6 +83,7 @@ __all__ = [
     "TokensReceived",
     "UpdateReceived",
     "Wait",
+    "dispatch",
 ]
 
 MODES = ("queues", "notify-ack")
@@ -172,6 +175,11 @@ class SkipTo:
     self_weight: float
     weights: Mapping[int, float]
 
+    @property
+    def skipped(self) -> int:
+        """Iterations skipped (a row's `skipped`, in real and simulated runs alike)."""
+        return self.iteration - self.skipped_from
+
 
 @dataclass(**_frozen)
 class StartIteration:
@@ -194,6 +202,11 @@ class Aggregate:
     inputs: Mapping[int, int]
     self_weight: float
     weights: Mapping[int, float]
+
+    @property
+    def staleness(self) -> int:
+        """The age of the oldest update used (a row's `staleness`)."""
+        return max((self.iteration - tag for tag in self.inputs.values()), default=0)
 
 
 @dataclass(**_frozen)
@@ -220,6 +233,43 @@ class Wait:
 
 
 Decision = SkipTo | StartIteration | SendUpdate | Aggregate | ReturnTokens | Drop | Wait
+
+R = TypeVar("R", covariant=True)
+
+
+class HopDecisionHandler(Protocol[R]):
+    """What executes Hop's decisions: the driver and the simulated worker each implement
+    every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_skip_to(self, decision: SkipTo, /) -> R: ...
+    def on_start_iteration(self, decision: StartIteration, /) -> R: ...
+    def on_send_update(self, decision: SendUpdate, /) -> R: ...
+    def on_aggregate(self, decision: Aggregate, /) -> R: ...
+    def on_return_tokens(self, decision: ReturnTokens, /) -> R: ...
+    def on_drop(self, decision: Drop, /) -> R: ...
+    def on_wait(self, decision: Wait, /) -> R: ...
+
+
+def dispatch(decision: Decision, handler: HopDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case SkipTo():
+            return handler.on_skip_to(decision)
+        case StartIteration():
+            return handler.on_start_iteration(decision)
+        case SendUpdate():
+            return handler.on_send_update(decision)
+        case Aggregate():
+            return handler.on_aggregate(decision)
+        case ReturnTokens():
+            return handler.on_return_tokens(decision)
+        case Drop():
+            return handler.on_drop(decision)
+        case Wait():
+            return handler.on_wait(decision)
+        case _:
+            unhandled(decision)
 
 
 class State(Enum):

@@ -60,6 +60,7 @@ from hetsync.protocols.hop.core import (
     TokensReceived,
     UpdateReceived,
     Wait,
+    dispatch,
 )
 from hetsync.protocols.hop.wire import TOKEN_FRAME, TokenHeader, UpdateHeader, update_frame
 from hetsync.protocols.registry import register_protocol
@@ -97,6 +98,7 @@ class Hop(Protocol):
         self._average_out: torch.Tensor | None = None
         self._running = False
         self._stopped = False
+        self._step = Step(0)  # the step whose decisions `_execute` carries out
         self._frames = {_UPDATE_TAG: update_frame(self.tensors), _TOKEN_TAG: TOKEN_FRAME}
         self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
         self._channels = threading.Condition()
@@ -167,35 +169,47 @@ class Hop(Protocol):
         return event
 
     def _execute(self, decisions: list[Decision], step: Step) -> Wait | None:
+        """Carry out `decisions` for `step` up to a `Wait`, which is returned."""
+        self._step = step
         for decision in decisions:
-            if isinstance(decision, Wait):
-                return decision
-            if isinstance(decision, SkipTo):
-                step.extra["started_at"] = time.time()
-                step.extra["skipped"] = decision.iteration - decision.skipped_from
-                self._average(decision.inputs, decision.self_weight, decision.weights)
-            elif isinstance(decision, StartIteration):
-                step.extra.setdefault("started_at", time.time())
-                step.extra["tag"] = decision.iteration
-            elif isinstance(decision, SendUpdate):
-                with step.blocking():
-                    self._wait_sends()  # the last update's: long done unless a peer is stuck
-                self._update_out = self.link.pack(
-                    self._frames[_UPDATE_TAG], UpdateHeader(decision.tag, self._stamp()).encode(),
-                    self.tensors, out=self._update_out)
-                self._send(self._update_out, decision.to, _UPDATE_TAG, step)
-            elif isinstance(decision, Aggregate):
-                self._average(decision.inputs, decision.self_weight, decision.weights)
-                step.extra["done_at"] = time.time()
-                step.extra["used"] = len(decision.inputs)
-                ages = [decision.iteration - tag for tag in decision.inputs.values()]
-                step.extra["staleness"] = max(ages, default=0)
-            elif isinstance(decision, ReturnTokens):
-                self._send(self._tokens(decision.count), decision.to, _TOKEN_TAG, step)
-            elif isinstance(decision, Drop):
-                for tag in decision.tags:
-                    self._spare.append(self.updates.pop((decision.src, tag)))
+            if (wait := dispatch(decision, self)) is not None:
+                return wait
         return None
+
+    # --- the core's decisions (`HopDecisionHandler`), for the step `_execute` runs -----------
+    def on_wait(self, decision: Wait) -> Wait:
+        return decision
+
+    def on_skip_to(self, decision: SkipTo) -> None:
+        self._step.extra["started_at"] = time.time()
+        self._step.extra["skipped"] = decision.skipped
+        self._average(decision.inputs, decision.self_weight, decision.weights)
+
+    def on_start_iteration(self, decision: StartIteration) -> None:
+        self._step.extra.setdefault("started_at", time.time())
+        self._step.extra["tag"] = decision.iteration
+
+    def on_send_update(self, decision: SendUpdate) -> None:
+        with self._step.blocking():
+            self._wait_sends()  # the last update's: long done unless a peer is stuck
+        self._update_out = self.link.pack(
+            self._frames[_UPDATE_TAG], UpdateHeader(decision.tag, self._stamp()).encode(),
+            self.tensors, out=self._update_out)
+        self._send(self._update_out, decision.to, _UPDATE_TAG, self._step)
+
+    def on_aggregate(self, decision: Aggregate) -> None:
+        self._average(decision.inputs, decision.self_weight, decision.weights)
+        extra = self._step.extra
+        extra["done_at"] = time.time()
+        extra["used"] = len(decision.inputs)
+        extra["staleness"] = decision.staleness
+
+    def on_return_tokens(self, decision: ReturnTokens) -> None:
+        self._send(self._tokens(decision.count), decision.to, _TOKEN_TAG, self._step)
+
+    def on_drop(self, decision: Drop) -> None:
+        for tag in decision.tags:
+            self._spare.append(self.updates.pop((decision.src, tag)))
 
     def _send(self, message: torch.Tensor, to: tuple[int, ...], tag: int, step: Step) -> None:
         self.runtime.before_send()

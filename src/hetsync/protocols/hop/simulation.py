@@ -16,7 +16,6 @@ from hetsync.network.model import Message
 from hetsync.protocols.hop.core import (
     Aggregate,
     ComputeFinished,
-    Decision,
     Drop,
     HopCore,
     NeighbourLeft,
@@ -29,6 +28,7 @@ from hetsync.protocols.hop.core import (
     TokensReceived,
     UpdateReceived,
     Wait,
+    dispatch,
 )
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
@@ -67,7 +67,7 @@ class HopWorker(SimWorker):
     def _run(self, event: Any) -> None:
         completed = False
         for decision in self.core.handle(event):
-            completed |= self._execute(decision)
+            completed |= dispatch(decision, self)
         if completed:
             self.end_iteration(**self._extra)
             self._extra = {}
@@ -76,43 +76,55 @@ class HopWorker(SimWorker):
             else:
                 self._run(ReadyToStart())
 
-    def _execute(self, decision: Decision) -> bool:
+    # --- the core's decisions (`HopDecisionHandler`): True where an iteration completes ------
+    def on_send_update(self, decision: SendUpdate) -> bool:
         sim, math = self.sim, self.sim.math
-        if isinstance(decision, SendUpdate):
-            nbytes, copies, now = sim.costs.payload_bytes, len(decision.to), sim.clock.now
-            network = sim.costs.network
-            event = UpdateReceived(src=self.rank, tag=decision.tag)
-            for dst in decision.to:
-                arrival = network.deliver(Message(self.rank, dst, nbytes), now, copies)
-                sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
-            self.charge(nbytes=nbytes * copies)
-            if math is not None:
-                math.publish(self.rank, decision.tag, copies)
-        elif isinstance(decision, StartIteration):
-            self.unblock()
-            self._extra["tag"] = decision.iteration
-            self.compute(decision.iteration, self._computed, decision.iteration)
-        elif isinstance(decision, ReturnTokens):
-            event = TokensReceived(src=self.rank, count=decision.count)
-            for dst in decision.to:
-                sim.control(self.rank, dst, self.peers[dst].receive, event)
-        elif isinstance(decision, Aggregate):
-            self.unblock()
-            if math is not None:
-                math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
-                math.step(self.rank)
-            self._extra["used"] = len(decision.inputs)
-            self._extra["staleness"] = max(
-                (decision.iteration - tag for tag in decision.inputs.values()), default=0)
-            return True
-        elif isinstance(decision, Wait):
-            self.block(lambda: _describe(decision))
-        elif isinstance(decision, SkipTo):
-            self._extra["skipped"] = decision.iteration - decision.skipped_from
-            if math is not None:
-                math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
-        elif isinstance(decision, Drop) and math is not None:
-            math.drop(decision.src, decision.tags)
+        nbytes, copies, now = sim.costs.payload_bytes, len(decision.to), sim.clock.now
+        network = sim.costs.network
+        event = UpdateReceived(src=self.rank, tag=decision.tag)
+        for dst in decision.to:
+            arrival = network.deliver(Message(self.rank, dst, nbytes), now, copies)
+            sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
+        self.charge(nbytes=nbytes * copies)
+        if math is not None:
+            math.publish(self.rank, decision.tag, copies)
+        return False
+
+    def on_start_iteration(self, decision: StartIteration) -> bool:
+        self.unblock()
+        self._extra["tag"] = decision.iteration
+        self.compute(decision.iteration, self._computed, decision.iteration)
+        return False
+
+    def on_return_tokens(self, decision: ReturnTokens) -> bool:
+        event = TokensReceived(src=self.rank, count=decision.count)
+        for dst in decision.to:
+            self.sim.control(self.rank, dst, self.peers[dst].receive, event)
+        return False
+
+    def on_aggregate(self, decision: Aggregate) -> bool:
+        self.unblock()
+        math = self.sim.math
+        if math is not None:
+            math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
+            math.step(self.rank)
+        self._extra["used"] = len(decision.inputs)
+        self._extra["staleness"] = decision.staleness
+        return True
+
+    def on_wait(self, decision: Wait) -> bool:
+        self.block(lambda: _describe(decision))
+        return False
+
+    def on_skip_to(self, decision: SkipTo) -> bool:
+        self._extra["skipped"] = decision.skipped
+        if self.sim.math is not None:
+            self.sim.math.mix(self.rank, decision.self_weight, decision.weights, decision.inputs)
+        return False
+
+    def on_drop(self, decision: Drop) -> bool:
+        if self.sim.math is not None:
+            self.sim.math.drop(decision.src, decision.tags)
         return False
 
     def _leave(self) -> None:

@@ -37,15 +37,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol, TypeVar
 
 import torch
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 
 __all__ = [
-    "Average", "Averaged", "Finish", "LocalSGDState", "LocalSGDWorker", "LoopEnded", "StepDone",
-    "outer_nesterov",
+    "Average", "Averaged", "Decision", "Finish", "LocalSGDDecisionHandler", "LocalSGDState",
+    "LocalSGDWorker", "LoopEnded", "StepDone", "dispatch", "outer_nesterov",
 ]
 
 _frozen = {"frozen": True, "slots": True, "kw_only": True}
@@ -99,6 +100,31 @@ class Finish:
     outer_step: bool = False
 
 
+Decision = Average | Finish
+
+R = TypeVar("R", covariant=True)
+
+
+class LocalSGDDecisionHandler(Protocol[R]):
+    """What executes Local SGD's decisions: the driver and the simulated worker each
+    implement every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_average(self, decision: Average, /) -> R: ...
+    def on_finish(self, decision: Finish, /) -> R: ...
+
+
+def dispatch(decision: Decision, handler: LocalSGDDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case Average():
+            return handler.on_average(decision)
+        case Finish():
+            return handler.on_finish(decision)
+        case _:
+            unhandled(decision)
+
+
 class LocalSGDState(Enum):
     LOCAL = "local"  # taking local steps
     AVERAGING = "averaging"  # contributed to a round; waiting for it to complete
@@ -106,7 +132,7 @@ class LocalSGDState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class LocalSGDWorker(Core[StepDone | Averaged | LoopEnded, Average | Finish]):
+class LocalSGDWorker(Core[StepDone | Averaged | LoopEnded, Decision]):
     """One worker's local-SGD decisions (see the module doc)."""
     REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 

@@ -25,10 +25,12 @@ from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.localsgd.core import (
     Average,
     Averaged,
+    Decision,
     Finish,
     LocalSGDWorker,
     LoopEnded,
     StepDone,
+    dispatch,
     outer_nesterov,
 )
 from hetsync.protocols.registry import register_protocol
@@ -54,6 +56,8 @@ class LocalSGD(Protocol):
         self.outer = config.outer_optimizer == "nesterov"
         self._anchor: torch.Tensor | None = None  # DiLoCo: the round's first model, flat
         self._buffer: torch.Tensor | None = None  # DiLoCo: the outer momentum, flat
+        self._step: Step | None = None  # the step whose decisions are being carried out
+        self._mean: torch.Tensor | None = None  # the round's mean, for its `Finish`
 
     def _new_core(self, max_iterations: int | None) -> LocalSGDWorker:
         return LocalSGDWorker(self.runtime.rank, self.runtime.world_size,
@@ -74,23 +78,24 @@ class LocalSGD(Protocol):
 
     def after_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
-        [decision] = self.core.handle(StepDone(iteration=step.iteration,
-                                               wants_stop=step.wants_stop))
-        if isinstance(decision, Finish):
-            step.stop = decision.stop
-            return
-        step.stop = self._average(decision, step)
+        self._step = step
+        self._execute(self.core.handle(StepDone(iteration=step.iteration,
+                                                wants_stop=step.wants_stop)))
 
     def loop_ended(self, step: Step) -> None:
         """Average the local steps since the last round, voting to stop (see the core)."""
-        for decision in self.core.handle(LoopEnded(iteration=step.iteration - 1)):
-            assert isinstance(decision, Average)
-            self._average(decision, None)
+        self._step = None
+        self._execute(self.core.handle(LoopEnded(iteration=step.iteration - 1)))
 
-    def _average(self, average: Average, step: Step | None) -> bool:
-        """Run the round `average` asks for; True if the run stops after it. `step` is None
-        at a loop's end: no row is written, and the worker is already closing."""
-        world = self.runtime.world_size
+    def _execute(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            dispatch(decision, self)
+
+    # --- the core's decisions (`LocalSGDDecisionHandler`), for `_step` ---------------------
+    def on_average(self, average: Average) -> None:
+        """Run the round `average` asks for. `_step` is None at a loop's end: no row is
+        written, and the worker is already closing."""
+        step, world = self._step, self.runtime.world_size
         flat = self.link.flat(self.tensors, float(average.vote), float(average.moved))
         flat[:-2].div_(world)
         blocking: AbstractContextManager[Any] = nullcontext() if step is None else step.blocking()
@@ -103,16 +108,21 @@ class LocalSGD(Protocol):
             self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
                                         "localsgd", time.perf_counter() - began)
         votes, moved = (round(float(word)) for word in flat[-2:])
-        [finish] = self.core.handle(Averaged(round=average.round, votes=votes, moved=moved))
-        assert isinstance(finish, Finish)
-        mean = flat[:-2]
-        if self.outer and finish.outer_step:
-            self._outer_step(mean[:self.n_params])
-        with torch.no_grad():
-            self.link.unpack_into(mean, self.tensors)
+        self._mean = flat[:-2]
+        self._execute(self.core.handle(Averaged(round=average.round, votes=votes, moved=moved)))
         if step is not None:
             step.bytes_sent += ring_allreduce_bytes(flat, world)
-        return finish.stop
+
+    def on_finish(self, finish: Finish) -> None:
+        """After a round, its mean (or DiLoCo's outer step from it) becomes the model."""
+        mean, self._mean = self._mean, None
+        if mean is not None:
+            if self.outer and finish.outer_step:
+                self._outer_step(mean[:self.n_params])
+            with torch.no_grad():
+                self.link.unpack_into(mean, self.tensors)
+        if self._step is not None:
+            self._step.stop = finish.stop
 
     def _outer_step(self, mean: torch.Tensor) -> None:
         """DiLoCo: the parameters' part of `mean` becomes the outer step from the anchor,

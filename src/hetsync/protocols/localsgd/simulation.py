@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import torch
 
-from hetsync.network.patterns import ring_allreduce
-from hetsync.protocols.allreduce.core import AllReduceRound, Completed, Contributed
+from hetsync.protocols.allreduce.core import AllReduceRound, Contributed
 from hetsync.protocols.localsgd.core import (
     Average,
     Averaged,
+    Decision,
     Finish,
     LocalSGDWorker,
     StepDone,
+    dispatch,
     outer_nesterov,
 )
+from hetsync.simulator.collective import RingAllReduce
 from hetsync.simulator.world import Simulation, SimWorker
 
 __all__ = ["build_workers"]
@@ -37,8 +39,8 @@ class Rounds:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.collective = AllReduceRound(sim.world)
+        self.ring = RingAllReduce(sim)
         self.workers: list[LocalSGDSimWorker] = []
-        self._duration: float | None = None
         self._moved = 0  # the open round's sum of `moved`, as the all-reduce sums it
         self._averaged = 0  # the last round whose models were averaged (`--math`)
         self.outer = sim.config.outer_optimizer == "nesterov"
@@ -56,21 +58,10 @@ class Rounds:
         self._moved += average.moved
         event = Contributed(rank=rank, iteration=average.round, vote=average.vote)
         for completed in self.collective.handle(event):
-            self._run(completed)
-
-    def _run(self, completed: Completed) -> None:
-        sim = self.sim
-        if self._duration is None:
-            messages = ring_allreduce(range(sim.world), sim.costs.payload_bytes)
-            self._duration = sim.costs.network.duration(messages)
-        now = sim.clock.now
-        end = now + self._duration
-        nbytes = 2 * (sim.world - 1) / sim.world * sim.costs.payload_bytes
-        averaged = Averaged(round=completed.iteration, votes=completed.votes, moved=self._moved)
-        self._moved = 0
-        for worker in self.workers:
-            worker.charge(network_s=end - now, nbytes=nbytes)
-            sim.clock.at(end, worker.averaged, averaged)
+            averaged = Averaged(round=completed.iteration, votes=completed.votes,
+                                moved=self._moved)
+            self._moved = 0
+            self.ring.end(self.workers, LocalSGDSimWorker.averaged, averaged)
 
     def average(self, round_: int, outer_step: bool) -> None:
         """With `--math`, at the first `Finish` of round `round_` (every worker's is the same,
@@ -95,6 +86,7 @@ class LocalSGDSimWorker(SimWorker):
         super().__init__(sim, rank)
         self.core = LocalSGDWorker(rank, sim.world, sim.config.local_steps, sim.max_iterations)
         self.rounds = rounds
+        self._round: int | None = None  # the round just averaged, for its `Finish`
 
     def start(self) -> None:
         self.compute(1, self._computed, 1)
@@ -106,26 +98,27 @@ class LocalSGDSimWorker(SimWorker):
             math.gradient(self.rank)
             math.step(self.rank)
         event = StepDone(iteration=iteration, wants_stop=self.sim.wants_stop(iteration))
-        [decision] = self.core.handle(event)
-        if isinstance(decision, Finish):
-            self._finish(decision)
-            return
-        self.block(lambda: f"the average of round {decision.round}")
-        self.rounds.contribute(self.rank, decision)
+        self._run(self.core.handle(event))
 
     def averaged(self, event: Averaged) -> None:
         self.unblock()
-        [decision] = self.core.handle(event)
-        assert isinstance(decision, Finish)
-        self.rounds.average(event.round, decision.outer_step)
-        self._finish(decision)
+        self._round = event.round
+        self._run(self.core.handle(event))
 
-    def _finish(self, decision: Finish) -> None:
-        self.end_iteration()
-        if decision.stop:
-            self.finish()
-        else:
-            self.compute(decision.iteration + 1, self._computed, decision.iteration + 1)
+    def _run(self, decisions: list[Decision]) -> None:
+        for decision in decisions:
+            dispatch(decision, self)
+
+    # --- the core's decisions (`LocalSGDDecisionHandler`) ----------------------------------
+    def on_average(self, decision: Average) -> None:
+        self.block(lambda: f"the average of round {decision.round}")
+        self.rounds.contribute(self.rank, decision)
+
+    def on_finish(self, decision: Finish) -> None:
+        round_, self._round = self._round, None
+        if round_ is not None:
+            self.rounds.average(round_, decision.outer_step)
+        self.end_iteration_then(decision.iteration, decision.stop, self._computed)
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:

@@ -26,6 +26,7 @@ agree on whom they averaged over.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 from hetsync.protocols.prague.group_generator import (
@@ -39,6 +40,7 @@ from hetsync.protocols.prague.group_generator import (
 from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
 from hetsync.protocols.prague.worker import (
+    Decision,
     GroupAssigned,
     MergeModels,
     PragueWorkerCore,
@@ -48,6 +50,7 @@ from hetsync.protocols.prague.worker import (
     StartStep,
     StepFinished,
     StopTraining,
+    dispatch,
 )
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
@@ -147,11 +150,13 @@ class PragueWorker(SimWorker):
                  period: list[Any] | None = None) -> None:
         super().__init__(sim, rank)
         self.rendezvous, self.gg, self.stop, self.period = rendezvous, gg, stop, period
-        self.overlap = sim.config.overlap and gg is not None
-        self.core = PragueWorkerCore(rank, sim.world, overlap=self.overlap)
+        self.core = PragueWorkerCore.of_run(sim.config, rank, sim.world)
+        self.overlap = self.core.overlap
         self._static_groups: dict[int, tuple[int, ...]] = {}
         """This worker's group at each place of the period (`static_group` is pure)."""
-        self._pending: list[Any] = []
+        self._pending: list[Decision] = []
+        """Decisions that wait for the P-Reduce running (without overlap)."""
+        self._todo: deque[Decision] = deque()  # the decisions `_run` carries out
         self._groups: list[list[int]] = []
         self._step = 1
 
@@ -176,38 +181,44 @@ class PragueWorker(SimWorker):
     def receive(self, message: GroupAssigned) -> None:
         self._run(self.core.handle(message))
 
-    def _run(self, decisions: list[Any]) -> None:
-        sim = self.sim
-        while decisions:
-            decision, *decisions = decisions
-            if isinstance(decision, RequestGroup):
-                assert self.gg is not None
-                event = GroupRequested(rank=self.rank, iteration=decision.iteration,
-                                       last=decision.last)
-                sim.control(self.rank, 0, self.gg.receive, event)
-                if not self.overlap:
-                    self.block("the Group Generator's answer")
-            elif isinstance(decision, MergeModels):
-                if sim.math is not None:
-                    sim.math.merge(self.rank)
-            elif isinstance(decision, RunPReduce):
-                group = decision.group
-                self._groups.append([group.id, *group.members])
-                if len(group.members) > 1:
-                    if self.overlap:  # beside the compute: the decisions go on
-                        self.rendezvous.join(group.id, group.members, self)
-                        continue
-                    self._pending = decisions
-                    self.block(lambda g=group: f"the P-Reduce of group {g.id} {list(g.members)}")
-                    self.rendezvous.join(group.id, group.members, self)
-                    return
-                decisions += self._finished(group)
-            elif isinstance(decision, StartStep):
-                self._end_step()
-                self.compute(decision.iteration, self._stepped, decision.iteration)
-            elif isinstance(decision, StopTraining):
-                self._end_step()
-                self.finish()
+    def _run(self, decisions: list[Decision]) -> None:
+        todo = self._todo = deque(decisions)
+        while todo:
+            dispatch(todo.popleft(), self)
+
+    # --- the core's decisions (`PragueDecisionHandler`) ------------------------------------
+    def on_request_group(self, decision: RequestGroup) -> None:
+        assert self.gg is not None
+        event = GroupRequested(rank=self.rank, iteration=decision.iteration, last=decision.last)
+        self.sim.control(self.rank, 0, self.gg.receive, event)
+        if not self.overlap:
+            self.block("the Group Generator's answer")
+
+    def on_merge_models(self, decision: MergeModels) -> None:
+        if self.sim.math is not None:
+            self.sim.math.merge(self.rank)
+
+    def on_run_preduce(self, decision: RunPReduce) -> None:
+        """A group of one is done at once; a P-Reduce runs beside the compute (overlap: the
+        decisions go on) or holds the rest of them until it ends (`preduced`)."""
+        group = decision.group
+        self._groups.append([group.id, *group.members])
+        if len(group.members) == 1:
+            self._todo.extend(self._finished(group))
+            return
+        if not self.overlap:
+            self._pending = list(self._todo)
+            self._todo.clear()
+            self.block(lambda g=group: f"the P-Reduce of group {g.id} {list(g.members)}")
+        self.rendezvous.join(group.id, group.members, self)
+
+    def on_start_step(self, decision: StartStep) -> None:
+        self._end_step()
+        self.compute(decision.iteration, self._stepped, decision.iteration)
+
+    def on_stop_training(self, decision: StopTraining) -> None:
+        self._end_step()
+        self.finish()
 
     def preduced(self, key: object) -> None:
         if self.gg is None:
@@ -219,7 +230,7 @@ class PragueWorker(SimWorker):
         group = Group(id=group_id, members=(self.rank,))  # only the id is used below
         self._run(decisions + self._finished(group))
 
-    def _finished(self, group: Group) -> list[Any]:
+    def _finished(self, group: Group) -> list[Decision]:
         assert self.gg is not None
         sim = self.sim
         event = GroupFinished(group_id=group.id, rank=self.rank)

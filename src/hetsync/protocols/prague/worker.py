@@ -41,14 +41,19 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.prague.group_generator import Group
 
+if TYPE_CHECKING:
+    from hetsync.protocols.run_options import RunOptions
+
 __all__ = [
     "Decision", "GroupAssigned", "MergeModels", "PReduceFinished", "PragueWorkerCore",
-    "RequestGroup", "RunPReduce", "StartStep", "StepFinished", "StopTraining", "WorkerState",
+    "PragueDecisionHandler", "RequestGroup", "RunPReduce", "StartStep", "StepFinished",
+    "StopTraining", "WorkerState", "dispatch",
 ]
 
 
@@ -112,6 +117,37 @@ class StopTraining:
 
 Decision = RequestGroup | RunPReduce | MergeModels | StartStep | StopTraining
 
+R = TypeVar("R", covariant=True)
+
+
+class PragueDecisionHandler(Protocol[R]):
+    """What executes a Prague worker's decisions: the driver and the simulated worker each
+    implement every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_request_group(self, decision: RequestGroup, /) -> R: ...
+    def on_run_preduce(self, decision: RunPReduce, /) -> R: ...
+    def on_merge_models(self, decision: MergeModels, /) -> R: ...
+    def on_start_step(self, decision: StartStep, /) -> R: ...
+    def on_stop_training(self, decision: StopTraining, /) -> R: ...
+
+
+def dispatch(decision: Decision, handler: PragueDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case RequestGroup():
+            return handler.on_request_group(decision)
+        case RunPReduce():
+            return handler.on_run_preduce(decision)
+        case MergeModels():
+            return handler.on_merge_models(decision)
+        case StartStep():
+            return handler.on_start_step(decision)
+        case StopTraining():
+            return handler.on_stop_training(decision)
+        case _:
+            unhandled(decision)
+
 
 class WorkerState(Enum):
     COMPUTING = "computing"  # a local step runs; groups that arrive queue up (overlap: run)
@@ -124,6 +160,13 @@ class WorkerState(Enum):
 
 class PragueWorkerCore(Core[object, Decision]):
     """The decisions of one Prague worker (see the module doc)."""
+
+    @classmethod
+    def of_run(cls, options: RunOptions, rank: int, world: int) -> PragueWorkerCore:
+        """Rank `rank`'s core in a run with the Group Generator (`--overlap`: P-Reduces beside
+        the compute; a static schedule has none): the one recipe the driver and the
+        simulation share."""
+        return cls(rank, world, overlap=options.overlap and options.schedule != "static")
 
     def __init__(self, rank: int, world: int, first_iteration: int = 1,
                  overlap: bool = False) -> None:

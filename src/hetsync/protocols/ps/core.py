@@ -34,15 +34,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from hetsync.cores.core import Core
+from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
 from hetsync.protocols.ps.rounds import Reply, SyncRounds
+
+if TYPE_CHECKING:
+    from hetsync.protocols.run_options import RunOptions
 
 __all__ = [
     "Accumulate", "Answer", "Apply", "Bye", "GradientReady", "Leave", "LoadModel", "PSServerCore",
     "PSState", "PSWorkerCore", "Push", "ReplyReceived", "SendBye", "SendPush", "ServerDecision",
-    "WorkerDecision", "WorkerLost",
+    "ServerDecisionHandler", "WorkerDecision", "WorkerDecisionHandler", "WorkerLost",
+    "dispatch_server", "dispatch_worker",
 ]
 
 MODES = ("sync", "async")
@@ -103,6 +108,31 @@ class Answer:
 
 ServerDecision = Accumulate | Apply | Answer
 
+R = TypeVar("R", covariant=True)
+
+
+class ServerDecisionHandler(Protocol[R]):
+    """What executes the server's decisions: the driver's server thread and the simulated
+    one each implement every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_accumulate(self, decision: Accumulate, /) -> R: ...
+    def on_apply(self, decision: Apply, /) -> R: ...
+    def on_answer(self, decision: Answer, /) -> R: ...
+
+
+def dispatch_server(decision: ServerDecision, handler: ServerDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case Accumulate():
+            return handler.on_accumulate(decision)
+        case Apply():
+            return handler.on_apply(decision)
+        case Answer():
+            return handler.on_answer(decision)
+        case _:
+            unhandled(decision)
+
 
 # --- the worker's events and decisions ---------------------------------------------------------
 @dataclass(**_frozen)
@@ -156,6 +186,29 @@ class SendBye:
 WorkerDecision = SendPush | LoadModel | SendBye
 
 
+class WorkerDecisionHandler(Protocol[R]):
+    """What executes a worker's decisions: the driver and the simulated worker each
+    implement every method, so a decision added here fails type-checking (and
+    tests/protocols/test_decision_handlers.py) in both until both carry it out."""
+
+    def on_send_push(self, decision: SendPush, /) -> R: ...
+    def on_load_model(self, decision: LoadModel, /) -> R: ...
+    def on_send_bye(self, decision: SendBye, /) -> R: ...
+
+
+def dispatch_worker(decision: WorkerDecision, handler: WorkerDecisionHandler[R]) -> R:
+    """Carry out `decision` with `handler`'s method for its type."""
+    match decision:
+        case SendPush():
+            return handler.on_send_push(decision)
+        case LoadModel():
+            return handler.on_load_model(decision)
+        case SendBye():
+            return handler.on_send_bye(decision)
+        case _:
+            unhandled(decision)
+
+
 class PSState(Enum):
     SERVING = "serving"  # server: taking pushes
     IDLE = "idle"  # worker: between iterations
@@ -167,6 +220,12 @@ class PSState(Enum):
 
 class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
     """The parameter server's decisions (see the module doc)."""
+
+    @classmethod
+    def of_run(cls, options: RunOptions, world: int) -> PSServerCore:
+        """The server's core in a run of `world` workers: the one recipe the driver and the
+        simulation share."""
+        return cls(world, options.ps_mode, options.ps_backup)
 
     def __init__(self, world: int, mode: str = "sync", backup: int = 0) -> None:
         if mode not in MODES:
@@ -262,6 +321,11 @@ class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
 class PSWorkerCore(Core[GradientReady | ReplyReceived | Leave, WorkerDecision]):
     """One parameter-server worker's decisions (see the module doc)."""
     REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
+
+    @classmethod
+    def of_run(cls, options: RunOptions, rank: int) -> PSWorkerCore:
+        """Rank `rank`'s core in a run: the one recipe the driver and the simulation share."""
+        return cls(rank, options.ps_mode, options.ps_backup)
 
     def __init__(self, rank: int, mode: str = "sync", backup: int = 0) -> None:
         if mode not in MODES:

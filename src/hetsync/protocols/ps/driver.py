@@ -95,9 +95,13 @@ from hetsync.protocols.ps.core import (
     PSWorkerCore,
     Push,
     ReplyReceived,
+    SendBye,
     SendPush,
     ServerDecision,
+    WorkerDecision,
     WorkerLost,
+    dispatch_server,
+    dispatch_worker,
 )
 from hetsync.protocols.ps.wire import PushHeader, ReplyHeader, frame
 from hetsync.protocols.registry import register_protocol
@@ -137,8 +141,8 @@ class _Server:
     hyper-parameters from it before every step. `buffers` are rank 0's floating buffers."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor],
-                 sync: bool, world: int, link: Link | None = None,
-                 backup: int = 0, network: NetworkEmulator | None = None,
+                 core: PSServerCore, link: Link | None = None,
+                 network: NetworkEmulator | None = None,
                  lost: LostWorkers | None = None,
                  before_send: Callable[[], None] | None = None) -> None:
         self.source, self.network, self.lost = optimizer, network, lost
@@ -159,13 +163,15 @@ class _Server:
         self.size = sum(p.numel() for p in self.params)
         self.buffers = _flat(buffers, self.dtype)
         self.version = 0
-        self.core = PSServerCore(world, "sync" if sync else "async", backup)
+        self.core = core
+        world = core.world
         self.cond = threading.Condition()
         self.send_lock = threading.Lock()  # one thread at a time sends replies
         self.frame = frame(self.size + self.buffers.numel(), self.dtype)
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
         self.delta_sum = torch.zeros_like(self.buffers)
         self.local_reply: torch.Tensor | None = None
+        self._push: torch.Tensor | None = None  # the push the decisions `_execute` runs answer
         self.bytes_sent = 0
         self.error: BaseException | None = None
         self.remote = set(range(1, world))
@@ -277,22 +283,29 @@ class _Server:
                  msg: torch.Tensor | None) -> list[tuple[int, torch.Tensor]]:
         """Carry out the core's decisions about `msg`, the push they answer (lock held);
         return the replies to send to remote ranks."""
-        sends: list[tuple[int, torch.Tensor]] = []
-        for decision in decisions:
-            if isinstance(decision, Accumulate):
-                assert msg is not None
-                payload = self.frame.payload(msg)
-                self.grad_sum.add_(payload[:self.size])
-                self.delta_sum.add_(payload[self.size:])
-            elif isinstance(decision, Apply):
-                self._apply(self.grad_sum.div_(decision.divisor),
-                            self.delta_sum.div_(decision.buffer_divisor), decision.lr_scale)
-                self.grad_sum.zero_()
-                self.delta_sum.zero_()
-                assert self.version == decision.version
-            elif isinstance(decision, Answer):
-                sends += self._deliver(decision)
+        self._push = msg
+        sends = [send for decision in decisions for send in dispatch_server(decision, self)]
+        self._push = None
         return sends
+
+    # --- the core's decisions (`ServerDecisionHandler`): the replies to send ------------------
+    def on_accumulate(self, decision: Accumulate) -> list[tuple[int, torch.Tensor]]:
+        assert self._push is not None
+        payload = self.frame.payload(self._push)
+        self.grad_sum.add_(payload[:self.size])
+        self.delta_sum.add_(payload[self.size:])
+        return []
+
+    def on_apply(self, decision: Apply) -> list[tuple[int, torch.Tensor]]:
+        self._apply(self.grad_sum.div_(decision.divisor),
+                    self.delta_sum.div_(decision.buffer_divisor), decision.lr_scale)
+        self.grad_sum.zero_()
+        self.delta_sum.zero_()
+        assert self.version == decision.version
+        return []
+
+    def on_answer(self, decision: Answer) -> list[tuple[int, torch.Tensor]]:
+        return self._deliver(decision)
 
     def _apply(self, grad: torch.Tensor, delta: torch.Tensor, lr_scale: float = 1.0) -> None:
         groups = self.source.param_groups
@@ -342,9 +355,7 @@ class ParameterServer(Protocol):
     ) -> None:
         super().__init__(runtime, model, optimizer)
         self.link = runtime.links.host  # the server receives on threads: gloo
-        self.sync = runtime.config.ps_mode == "sync"
-        self.backup = runtime.config.ps_backup
-        self.core = PSWorkerCore(runtime.rank, runtime.config.ps_mode, self.backup)
+        self.core = PSWorkerCore.of_run(runtime.config, runtime.rank)
         self.params = [p for group in _trainable(optimizer) for p in group]
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
         self.dtype = self.params[0].dtype
@@ -354,23 +365,33 @@ class ParameterServer(Protocol):
         self.reply = self.link.empty(self.frame)
         self._push: torch.Tensor | None = None
         self.server = (
-            _Server(optimizer, self.buffers, self.sync, runtime.world_size, self.link,
-                    backup=self.backup, network=self.network, lost=runtime.lost,
-                    before_send=runtime.before_send)
+            _Server(optimizer, self.buffers,
+                    PSServerCore.of_run(runtime.config, runtime.world_size), self.link,
+                    network=self.network, lost=runtime.lost, before_send=runtime.before_send)
             if runtime.rank == 0 else None
         )
+        self._step = Step(0)  # the step whose decisions are being carried out
 
     def before_optimizer_step(self, step: Step) -> None:
         step.begin_sync()
+        self._step = step
+        self._execute(self.core.handle(GradientReady(iteration=step.iteration,
+                                                     wants_stop=step.wants_stop)))
+
+    def _execute(self, decisions: list[WorkerDecision]) -> None:
+        for decision in decisions:
+            dispatch_worker(decision, self)
+
+    # --- the core's decisions (`WorkerDecisionHandler`) -------------------------------------
+    def on_send_push(self, decision: SendPush) -> None:
+        """Push the gradient, wait for the reply and load it."""
+        step = self._step
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        [push] = self.core.handle(GradientReady(iteration=step.iteration,
-                                                wants_stop=step.wants_stop))
-        assert isinstance(push, SendPush)
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
         # A remote push is sent before the reply comes, so its buffer is free for the next
         # (a new model-sized buffer costs page faults, see Link.flat); the server keeps local
         # ones.
-        msg = self.link.pack(self.frame, PushHeader(push.version, push.vote).encode(),
+        msg = self.link.pack(self.frame, PushHeader(decision.version, decision.vote).encode(),
                              [*grads, delta], out=self._push if self.server is None else None)
         if self.server is None:
             self._push = msg
@@ -389,18 +410,29 @@ class ParameterServer(Protocol):
             self.link.unpack_into(payload[split:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)
         header = ReplyHeader.decode(self.frame, reply)
-        [load] = self.core.handle(ReplyReceived(version=header.version,
-                                                staleness=header.staleness, stop=header.stop))
-        assert isinstance(load, LoadModel)
-        step.extra["staleness"] = float(load.staleness)
-        if load.dropped is not None:  # sync with backups: its round closed without it
-            step.extra["dropped"] = float(load.dropped)
-        step.stop = load.stop
-        step.skip_optimizer_step = True
+        self._execute(self.core.handle(ReplyReceived(version=header.version,
+                                                     staleness=header.staleness,
+                                                     stop=header.stop)))
         if self.server is not None:  # rank 0's own push is local: count what the server sent
             step.bytes_sent += self.server.take_bytes_sent()
         else:
             step.bytes_sent += msg.numel() * msg.element_size()
+
+    def on_load_model(self, decision: LoadModel) -> None:
+        """The reply's model is loaded (`on_send_push`): record and end the iteration."""
+        step = self._step
+        step.extra["staleness"] = float(decision.staleness)
+        if decision.dropped is not None:  # sync with backups: its round closed without it
+            step.extra["dropped"] = float(decision.dropped)
+        step.stop = decision.stop
+        step.skip_optimizer_step = True
+
+    def on_send_bye(self, decision: SendBye) -> None:
+        """Rank 0 leaves the server directly (`close`); the others send their goodbye."""
+        if self.server is None:
+            bye = self.link.pack(self.frame, PushHeader(0, False, bye=True).encode(),
+                                 [torch.zeros(self.frame.numel, dtype=self.dtype)])
+            self.link.send(bye, 0, tag=PUSH_TAG)
 
     def after_optimizer_step(self, step: Step) -> None:
         """Nothing to do: the server applied the update and the stop was decided above."""
@@ -428,10 +460,6 @@ class ParameterServer(Protocol):
         self.loaded = _flat(self.buffers, self.dtype)  # the buffers just loaded into the model
 
     def close(self) -> None:
-        self.core.handle(Leave())  # -> SendBye; rank 0 leaves the server directly
+        self._execute(self.core.handle(Leave()))
         if self.server is not None:
             self.server.close()
-        else:
-            bye = self.link.pack(self.frame, PushHeader(0, False, bye=True).encode(),
-                                 [torch.zeros(self.frame.numel, dtype=self.dtype)])
-            self.link.send(bye, 0, tag=PUSH_TAG)

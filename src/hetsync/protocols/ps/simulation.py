@@ -29,7 +29,10 @@ from hetsync.protocols.ps.core import (
     ReplyReceived,
     SendBye,
     SendPush,
+    WorkerDecision,
     WorkerLost,
+    dispatch_server,
+    dispatch_worker,
 )
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
@@ -41,9 +44,8 @@ class ServerThread:
     """Rank 0's serving thread: a FIFO server around `PSServerCore`."""
 
     def __init__(self, sim: Simulation) -> None:
-        config = sim.config
         self.sim = sim
-        self.core = PSServerCore(sim.world, config.ps_mode, config.ps_backup)
+        self.core = PSServerCore.of_run(sim.config, sim.world)
         self.server = Server(sim.service_s["parameter-server"])
         sim.services["parameter_server"] = self.server
         self.workers: list[PSSimWorker] = []
@@ -59,29 +61,33 @@ class ServerThread:
         self._decide(event)  # the core drops what a lost worker sent before its loss
 
     def _decide(self, event: Push | Bye | WorkerLost) -> None:
-        sim, math = self.sim, self.sim.math
         for decision in self.core.handle(event):
-            if isinstance(decision, Accumulate):
-                if math is not None:
-                    math.accumulate(decision.rank)
-            elif isinstance(decision, Apply):
-                if math is not None:
-                    math.apply(decision.divisor, decision.lr_scale)
-            elif isinstance(decision, Answer):
-                reply = ReplyReceived(version=decision.version, staleness=decision.staleness,
-                                      stop=decision.stop)
-                for rank in decision.ranks:
-                    if math is not None:
-                        math.load_server(rank)  # the worker waits: nothing changes it meanwhile
-                    arrival = sim.payload_arrival(0, rank)
-                    sim.deliver(0, rank, arrival, self.workers[rank].reply, reply)
+            dispatch_server(decision, self)
+
+    # --- the core's decisions (`ServerDecisionHandler`) -----------------------------------
+    def on_accumulate(self, decision: Accumulate) -> None:
+        if self.sim.math is not None:
+            self.sim.math.accumulate(decision.rank)
+
+    def on_apply(self, decision: Apply) -> None:
+        if self.sim.math is not None:
+            self.sim.math.apply(decision.divisor, decision.lr_scale)
+
+    def on_answer(self, decision: Answer) -> None:
+        sim, math = self.sim, self.sim.math
+        reply = ReplyReceived(version=decision.version, staleness=decision.staleness,
+                              stop=decision.stop)
+        for rank in decision.ranks:
+            if math is not None:
+                math.load_server(rank)  # the worker waits: nothing changes it meanwhile
+            arrival = sim.payload_arrival(0, rank)
+            sim.deliver(0, rank, arrival, self.workers[rank].reply, reply)
 
 
 class PSSimWorker(SimWorker):
     def __init__(self, sim: Simulation, rank: int, server: ServerThread) -> None:
         super().__init__(sim, rank)
-        config = sim.config
-        self.core = PSWorkerCore(rank, config.ps_mode, config.ps_backup)
+        self.core = PSWorkerCore.of_run(sim.config, rank)
         self.server = server
 
     def start(self) -> None:
@@ -92,32 +98,37 @@ class PSSimWorker(SimWorker):
         if sim.math is not None:
             sim.math.gradient(self.rank)
         event = GradientReady(iteration=iteration, wants_stop=sim.wants_stop(iteration))
-        for decision in self.core.handle(event):
-            assert isinstance(decision, SendPush)
-            push = Push(rank=self.rank, version=decision.version, vote=decision.vote)
-            sim.deliver(self.rank, 0, sim.payload_arrival(self.rank, 0), self.server.receive, push)
-            self.charge(nbytes=sim.costs.payload_bytes)
-            self.block("the parameter server's reply")
+        self._run(self.core.handle(event))
 
     def reply(self, event: ReplyReceived) -> None:
         self.unblock()
-        for decision in self.core.handle(event):
-            assert isinstance(decision, LoadModel)
-            extra = {"staleness": decision.staleness}
-            if decision.dropped is not None:
-                extra["dropped"] = int(decision.dropped)
-            self.end_iteration(**extra)
-            if decision.stop:
-                self._leave()
-            else:
-                self.compute(decision.iteration + 1, self._computed, decision.iteration + 1)
+        self._run(self.core.handle(event))
 
-    def _leave(self) -> None:
+    def _run(self, decisions: list[WorkerDecision]) -> None:
+        for decision in decisions:
+            dispatch_worker(decision, self)
+
+    # --- the core's decisions (`WorkerDecisionHandler`) -----------------------------------
+    def on_send_push(self, decision: SendPush) -> None:
         sim = self.sim
-        for decision in self.core.handle(Leave()):
-            assert isinstance(decision, SendBye)
-            sim.control(self.rank, 0, self.server.receive, Bye(rank=self.rank))
-        self.finish()
+        push = Push(rank=self.rank, version=decision.version, vote=decision.vote)
+        sim.deliver(self.rank, 0, sim.payload_arrival(self.rank, 0), self.server.receive, push)
+        self.charge(nbytes=sim.costs.payload_bytes)
+        self.block("the parameter server's reply")
+
+    def on_load_model(self, decision: LoadModel) -> None:
+        extra = {"staleness": decision.staleness}
+        if decision.dropped is not None:
+            extra["dropped"] = int(decision.dropped)
+        self.end_iteration(**extra)
+        if decision.stop:
+            self._run(self.core.handle(Leave()))
+            self.finish()
+        else:
+            self.compute(decision.iteration + 1, self._computed, decision.iteration + 1)
+
+    def on_send_bye(self, decision: SendBye) -> None:
+        self.sim.control(self.rank, 0, self.server.receive, Bye(rank=self.rank))
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:

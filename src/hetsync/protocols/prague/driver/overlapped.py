@@ -23,12 +23,12 @@ from hetsync.protocols.prague.worker import (
     Decision,
     MergeModels,
     PReduceFinished,
-    RequestGroup,
     RunPReduce,
     StartStep,
     StepFinished,
     StopTraining,
     WorkerState,
+    dispatch,
 )
 from hetsync.transport.runtime import Runtime
 
@@ -37,8 +37,6 @@ __all__ = ["OverlappedGroups"]
 
 class OverlappedGroups(RandomGroups):
     """A worker's steps with groups from the GG, P-Reduced on a communication thread."""
-
-    overlap = True
 
     def __init__(self, runtime: Runtime, averager: GroupAverager) -> None:
         self._lock = threading.Lock()  # the core, the GG channel and the model
@@ -88,16 +86,16 @@ class OverlappedGroups(RandomGroups):
         thread; the step to start (or StopTraining), for the training thread."""
         resume = None
         for decision in decisions:
-            if isinstance(decision, MergeModels):
-                self._merge()
-            elif isinstance(decision, RequestGroup):
-                self._to_gg(Kind.REQUEST, decision.iteration, float(decision.last))
-            elif isinstance(decision, RunPReduce):
-                self.inbox.put(decision)
-            else:
-                assert isinstance(decision, (StartStep, StopTraining))
-                resume = decision
+            resume = dispatch(decision, self) or resume
         return resume
+
+    # --- the core's decisions, where they differ from `RandomGroups`' (lock held) -------------
+    def on_merge_models(self, decision: MergeModels) -> None:
+        self._merge()
+
+    def on_run_preduce(self, decision: RunPReduce) -> None:
+        """Hand the P-Reduce to the communication thread."""
+        self.inbox.put(decision)
 
     def _merge(self) -> None:
         """x <- c + (x - s); then c = s = x (the training thread is waiting)."""

@@ -17,6 +17,7 @@ import dataclasses
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from hetsync.metrics import strict_json
@@ -28,7 +29,9 @@ from hetsync.protocols.prague.gg_wire import FROM_GG_TAG, TO_GG_TAG, FromGG, Kin
 from hetsync.protocols.prague.group_generator import AssignGroup
 from hetsync.protocols.prague.options import group_generator
 from hetsync.protocols.prague.worker import (
+    Decision,
     GroupAssigned,
+    MergeModels,
     PragueWorkerCore,
     PReduceFinished,
     RequestGroup,
@@ -37,6 +40,7 @@ from hetsync.protocols.prague.worker import (
     StepFinished,
     StopTraining,
     WorkerState,
+    dispatch,
 )
 from hetsync.transport.runtime import Runtime
 
@@ -61,15 +65,15 @@ Inbox = Arrival | RunPReduce | BaseException | None
 class RandomGroups:
     """A worker's steps with groups from the GG, each P-Reduced between its steps."""
 
-    overlap = False
-
     def __init__(self, runtime: Runtime, averager: GroupAverager) -> None:
         self.runtime, self.rank, self.averager = runtime, runtime.rank, averager
         self.timeout = runtime.wait_timeout
         self.network = averager.network
         self.gg_link = runtime.links.host  # the GG's messages, received on threads: gloo
         self.inbox: queue.Queue[Inbox] = queue.Queue()
-        self.core = PragueWorkerCore(self.rank, runtime.world_size, overlap=self.overlap)
+        self.core = PragueWorkerCore.of_run(runtime.config, self.rank, runtime.world_size)
+        self._step = Step(0)  # the step whose decisions are being carried out
+        self._todo: deque[Decision] = deque()  # ... and those still to carry out
         self.gg: GroupGeneratorService | None = None
         self._threads: list[threading.Thread] = []
         if self.rank == 0:
@@ -87,22 +91,37 @@ class RandomGroups:
             thread.start()
 
     def after_step(self, step: Step) -> None:
-        decisions = self.core.handle(StepFinished(iteration=step.iteration, last=step.wants_stop))
-        while decisions:
-            decision, *decisions = decisions
-            if isinstance(decision, RequestGroup):
-                self._to_gg(Kind.REQUEST, step.iteration, float(decision.last))
-            elif isinstance(decision, RunPReduce):
-                group = decision.group
-                step.extra.setdefault("groups", []).append([group.id, *group.members])
-                self.averager.preduce(group.members, step)
-                self._to_gg(Kind.FINISHED, group.id, 0.0)
-                decisions += self.core.handle(PReduceFinished(group_id=group.id))
-            elif isinstance(decision, (StartStep, StopTraining)):
-                step.stop = isinstance(decision, StopTraining)
+        self._step = step
+        todo = self._todo = deque(self.core.handle(StepFinished(iteration=step.iteration,
+                                                                last=step.wants_stop)))
+        while todo:
+            resume = dispatch(todo.popleft(), self)
+            if resume is not None:
+                step.stop = isinstance(resume, StopTraining)
                 return
-            if not decisions:
-                decisions = self.core.handle(self._next_assignment(step))
+            if not todo:
+                todo.extend(self.core.handle(self._next_assignment(step)))
+
+    # --- the core's decisions (`PragueDecisionHandler`): the step to resume with, if any ------
+    def on_request_group(self, decision: RequestGroup) -> None:
+        self._to_gg(Kind.REQUEST, decision.iteration, float(decision.last))
+
+    def on_run_preduce(self, decision: RunPReduce) -> None:
+        """Run the P-Reduce now, between the steps."""
+        group, step = decision.group, self._step
+        step.extra.setdefault("groups", []).append([group.id, *group.members])
+        self.averager.preduce(group.members, step)
+        self._to_gg(Kind.FINISHED, group.id, 0.0)
+        self._todo.extend(self.core.handle(PReduceFinished(group_id=group.id)))
+
+    def on_merge_models(self, decision: MergeModels) -> None:
+        raise AssertionError("prague: MergeModels without --overlap")  # the core's bug
+
+    def on_start_step(self, decision: StartStep) -> StartStep:
+        return decision
+
+    def on_stop_training(self, decision: StopTraining) -> StopTraining:
+        return decision
 
     def loop_ended(self, step: Step) -> None:
         """This worker's last request is answered and every group it is in is run, so no
