@@ -61,8 +61,12 @@ def test_the_config_holds_the_chosen_protocols_options_only():
     assert RunConfig().protocol_options is None
     with pytest.raises(TypeError):
         config.options_of(PragueOptions)
+    # Read, another protocol's option is its default: a script may run another protocol than
+    # the run's (SyncOptimizer(..., protocol="prague")); it is never stored or set.
+    assert config.group_size == PragueOptions().group_size
+    assert config.protocol_options == HopOptions(max_gap=4)
     with pytest.raises(AttributeError):
-        config.group_size  # noqa: B018
+        config.no_such_option  # noqa: B018
     with pytest.raises(ConfigError, match=r"^--group-size applies to --protocol prague \(this "
                        r"run's protocol is hop\)$"):
         RunConfig(protocol="hop", group_size=2)
