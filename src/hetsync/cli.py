@@ -28,7 +28,7 @@ __all__ = ["main", "train_flags"]
 #: protocol's options say it themselves: `hetsync.protocols.option_field.option`).
 _RUN_HELP = {
     "protocol": "synchronisation protocol (see `hetsync protocols`)",
-    "workload": "built-in workload: cnn, svm, resnet, resnet-wide or digits",
+    "workload": "built-in workload: cnn, svm, resnet, resnet-wide, mlp-wide or digits",
     "workers": "number of worker processes",
     "step_time": "emulated compute time per iteration, ms (0: real compute only)",
     "slowdown": "none | deterministic:ranks=3+5,factor=4 | random:p=0.1,factor=4 | trace:FILE "
