@@ -8,7 +8,8 @@ import pytest
 
 from hetsync.cli import main
 
-pytestmark = pytest.mark.integration
+# Behind `slow`: the smoke suite (8 real runs, about 100 s) put the clean-clone CI at 26 minutes.
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 SMOKE = ["bench", "--suite", "smoke", "--workload", "svm", "--max-time", "3"]
 
