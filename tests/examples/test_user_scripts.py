@@ -33,7 +33,8 @@ def _run(script: list[str], protocol: str, tmp_path: Path, **options: object) ->
     return result
 
 
-@pytest.mark.parametrize("protocol", ["allreduce", "hop"])
+@pytest.mark.parametrize("protocol", [pytest.param("allreduce", marks=pytest.mark.slow),  # CI time
+                                      "hop"])
 def test_gru_language_model_learns(protocol, tmp_path):
     result = _run(GRU, protocol, tmp_path)
     assert result["val_loss"] < 0.75 * math.log(96)  # well below a uniform guess

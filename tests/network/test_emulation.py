@@ -51,7 +51,8 @@ def test_logged_network_time_matches_the_model(protocol, options, messages, trai
     assert rows[-1]["t"] - rows[0]["t"] >= 0.9 * sum(r["network_s"] for r in rows[1:])
 
 
-@pytest.mark.parametrize("protocol", ["ddp", "ps", "adpsgd", "hop"])
+@pytest.mark.parametrize("protocol", [pytest.param("ddp", marks=pytest.mark.slow),  # CI time
+                                      "ps", "adpsgd", "hop"])
 def test_every_protocol_runs_and_learns_with_a_payload(protocol, train_run, loss_fell):
     """Two workers, one behind a 5x slower link, a 2 MB declared model."""
     result = train_run(protocol=protocol, workload="svm", workers=2, max_iterations=25,

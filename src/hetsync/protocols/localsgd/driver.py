@@ -58,6 +58,7 @@ class LocalSGD(Protocol):
         self._buffer: torch.Tensor | None = None  # DiLoCo: the outer momentum, flat
         self._step: Step | None = None  # the step whose decisions are being carried out
         self._mean: torch.Tensor | None = None  # the round's mean, for its `Finish`
+        self._round: torch.Tensor | None = None  # the round's buffer, reused round after round
 
     def _new_core(self, max_iterations: int | None) -> LocalSGDWorker:
         return LocalSGDWorker(self.runtime.rank, self.runtime.world_size,
@@ -96,7 +97,8 @@ class LocalSGD(Protocol):
         """Run the round `average` asks for. `_step` is None at a loop's end: no row is
         written, and the worker is already closing."""
         step, world = self._step, self.runtime.world_size
-        flat = self.link.flat(self.tensors, float(average.vote), float(average.moved))
+        flat = self._round = self.link.flat(self.tensors, float(average.vote),
+                                            float(average.moved), out=self._round)
         flat[:-2].div_(world)
         blocking: AbstractContextManager[Any] = nullcontext() if step is None else step.blocking()
         with blocking:

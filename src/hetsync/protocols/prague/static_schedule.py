@@ -58,12 +58,9 @@ def power_of_two_blocks(world: int) -> list[Partition]:
     """One period of the prototype's power-of-two block schedule (see the module doc)."""
     _check_world(world)
     levels = (world - 1).bit_length()
-    period = []
-    for p in range(1 << levels):
-        level = (p & -p).bit_length() - 1 if p else levels
-        blocks = -(-world // (1 << level))
-        period.append(tuple(split_evenly(range(world), blocks)))
-    return period
+    by_level = [tuple(split_evenly(range(world), -(-world // (1 << level))))
+                for level in range(levels + 1)]  # levels + 1 partitions, 2^levels steps
+    return [by_level[(p & -p).bit_length() - 1 if p else levels] for p in range(1 << levels)]
 
 
 def node_aware(world: int, per_node: int) -> list[Partition]:
@@ -117,7 +114,10 @@ def validate_period(world: int, period: Sequence[Partition]) -> None:
             r = root[r]
         return r
 
+    first: dict[int, tuple[int, Partition]] = {}  # a partition the period repeats: once
     for step, partition in enumerate(period):
+        first.setdefault(id(partition), (step, partition))
+    for step, partition in first.values():
         seen: set[int] = set()
         for group in partition:
             if not group:

@@ -171,6 +171,8 @@ class _Server:
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
         self.delta_sum = torch.zeros_like(self.buffers)
         self.local_reply: torch.Tensor | None = None
+        self._replies: list[torch.Tensor] = []  # reply buffers no send or rank 0 still reads
+        self._readers: dict[int, int] = {}  # per reply in use (by id): sends and reads left
         self._push: torch.Tensor | None = None  # the push the decisions `_execute` runs answer
         self.bytes_sent = 0
         self.error: BaseException | None = None
@@ -214,6 +216,21 @@ class _Server:
             reply, self.local_reply = self.local_reply, None
         assert reply is not None
         return reply
+
+    def release(self, reply: torch.Tensor) -> None:
+        """Rank 0 has read the reply `push` returned."""
+        with self.cond:
+            self._read(reply)
+
+    def _read(self, reply: torch.Tensor) -> None:
+        """One send or read of `reply` is done; after the last, it is free for the next
+        reply (lock held). Model-sized buffers are reused, not allocated per reply: a new one
+        is fresh pages to fault in, see `Link.flat`."""
+        left = self._readers.pop(id(reply)) - 1
+        if left:
+            self._readers[id(reply)] = left
+        else:
+            self._replies.append(reply)
 
     def take_bytes_sent(self) -> int:
         with self.cond:
@@ -321,7 +338,9 @@ class _Server:
 
     def _deliver(self, answer: Answer) -> list[tuple[int, torch.Tensor]]:
         header = ReplyHeader(answer.version, answer.staleness, answer.stop)
-        reply = self.link.pack(self.frame, header.encode(), [*self.params, self.buffers])
+        reply = self.link.pack(self.frame, header.encode(), [*self.params, self.buffers],
+                               out=self._replies.pop() if self._replies else None)
+        self._readers[id(reply)] = len(answer.ranks)
         if 0 in answer.ranks:
             self.local_reply = reply
             self.cond.notify_all()
@@ -344,6 +363,8 @@ class _Server:
         if sends:
             with self.cond:
                 self.bytes_sent += sum(r.numel() * r.element_size() for _, r in sends)
+                for _, reply in sends:
+                    self._read(reply)
 
 
 @register_protocol("ps")
@@ -388,13 +409,12 @@ class ParameterServer(Protocol):
         step = self._step
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         delta = _flat(self.buffers, self.dtype) - self.loaded  # what the forward passes did
-        # A remote push is sent before the reply comes, so its buffer is free for the next
-        # (a new model-sized buffer costs page faults, see Link.flat); the server keeps local
-        # ones.
-        msg = self.link.pack(self.frame, PushHeader(decision.version, decision.vote).encode(),
-                             [*grads, delta], out=self._push if self.server is None else None)
-        if self.server is None:
-            self._push = msg
+        # A push is sent (or, rank 0's, accumulated by the server) before the reply comes,
+        # so its buffer is free for the next (a new model-sized buffer costs page faults, see
+        # Link.flat).
+        msg = self._push = self.link.pack(
+            self.frame, PushHeader(decision.version, decision.vote).encode(), [*grads, delta],
+            out=self._push)
         with step.blocking():
             self.runtime.before_send()
             if self.server is not None:
@@ -410,6 +430,8 @@ class ParameterServer(Protocol):
             self.link.unpack_into(payload[split:], self.buffers)
         self.loaded = _flat(self.buffers, self.dtype)
         header = ReplyHeader.decode(self.frame, reply)
+        if self.server is not None:
+            self.server.release(reply)
         self._execute(self.core.handle(ReplyReceived(version=header.version,
                                                      staleness=header.staleness,
                                                      stop=header.stop)))

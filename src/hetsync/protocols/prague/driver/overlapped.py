@@ -43,6 +43,7 @@ class OverlappedGroups(RandomGroups):
         self._resume: queue.Queue[StartStep | StopTraining | BaseException] = queue.Queue()
         self._comm: torch.Tensor | None = None  # the copy the P-Reduces average
         self._handed: torch.Tensor | None = None  # ... and the model it was when handed over
+        self._spare: torch.Tensor | None = None  # the last merge's `c`, this merge's buffer
         self._ran: list[list[int]] = []  # groups run since the last row
         self._comm_preduce_s = 0.0
         self._sent_bytes = 0
@@ -98,14 +99,17 @@ class OverlappedGroups(RandomGroups):
         self.inbox.put(decision)
 
     def _merge(self) -> None:
-        """x <- c + (x - s); then c = s = x (the training thread is waiting)."""
+        """x <- c + (x - s); then c = s = x (the training thread is waiting, no P-Reduce
+        runs). Three model-sized buffers, reused merge after merge (a new one is fresh pages
+        to fault in, see `Link.flat`): the new x is made in the spare one, which becomes c."""
         link, tensors = self.averager.link, self.averager.tensors
-        flat = link.flat(tensors)
+        flat = self._spare = link.flat(tensors, out=self._spare)
         if self._comm is not None and self._handed is not None:
             flat.sub_(self._handed).add_(self._comm)  # exact with lr 0
             with torch.no_grad():
                 link.unpack_into(flat, tensors)
-        self._comm, self._handed = flat, flat.clone()
+        self._spare, self._comm = self._comm, flat
+        self._handed = link.flat([flat], out=self._handed)
 
     def _communicate(self) -> None:
         """The communication thread: feeds assignments to the core, runs the P-Reduces."""
