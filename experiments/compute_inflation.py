@@ -16,6 +16,8 @@ together); only what surrounds the step changes from mode to mode:
   x_k at the start of iteration k) and received during the compute.
 - `wake` / `copy`: a thread woken once per step that does nothing / copies a model-sized
   buffer (a thread's wake-up and a copy's cache footprint, without gloo).
+- `sleep` / `spin`: nothing exchanged, but the training thread sleeps / busy-waits 5 ms
+  between steps (does a core left idle for the length of an exchange compute slower after?).
 
 Per mode and rank: steps per second, median wall and CPU (`time.thread_time`) time of the
 compute (forward, backward, optimizer step) and the median wall time of the whole step. The
@@ -33,6 +35,8 @@ import os
 import queue
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,7 +49,12 @@ import torch.multiprocessing as mp
 from hetsync.workloads import get_workload
 
 MODES = ("solo", "concurrent", "allreduce", "p2p", "p2p-thread", "p2p-thread-early", "wake",
-         "copy")
+         "copy", "sleep", "spin")
+SPIN = ("import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); "
+        "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass")
+"""`--awake`: a busy loop at SCHED_IDLE on the worker's core, run only when the core would idle."""
+IDLE_S = 0.005
+"""`sleep` / `spin`: the pause between steps, about what a step's exchange takes."""
 
 
 def _free_port() -> int:
@@ -100,8 +109,9 @@ class _Helper:
 
 
 def _worker(rank: int, mode: str, workload_name: str, steps: int, port: int,
-            out: Any) -> None:
+            out: Any, awake: bool) -> None:
     os.sched_setaffinity(0, {rank})
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN, str(rank)]) if awake else None
     torch.set_num_threads(1)
     torch.manual_seed(rank)
     workload = get_workload(workload_name)
@@ -123,6 +133,8 @@ def _worker(rank: int, mode: str, workload_name: str, steps: int, port: int,
               "copy": _Helper(lambda: scratch.copy_(mine))}.get(mode)
     if mode == "solo" and rank == 1:
         out.put((rank, None))
+        if spinner is not None:
+            spinner.kill()
         return
     rows: list[tuple[float, float, float]] = []
     began = time.perf_counter()
@@ -170,10 +182,18 @@ def _worker(rank: int, mode: str, workload_name: str, steps: int, port: int,
         if helper is not None:
             helper.done.wait()
             helper.done.clear()
+        if mode == "sleep":
+            time.sleep(IDLE_S)
+        elif mode == "spin":
+            until = time.perf_counter() + IDLE_S
+            while time.perf_counter() < until:
+                pass
         rows.append((cpu, wall, time.perf_counter() - t0))
     if sent is not None:
         sent.wait()
     elapsed = time.perf_counter() - began
+    if spinner is not None:
+        spinner.kill()
     warm = rows[len(rows) // 10:]
     out.put((rank, {"steps_per_s": len(rows) / elapsed,
                     "compute_cpu_ms": 1e3 * statistics.median(r[0] for r in warm),
@@ -195,11 +215,12 @@ def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
     return views
 
 
-def run_mode(mode: str, workload: str, steps: int) -> dict[int, dict[str, float] | None]:
+def run_mode(mode: str, workload: str, steps: int,
+             awake: bool = False) -> dict[int, dict[str, float] | None]:
     context = mp.get_context("spawn")
     out = context.Queue()
     port = _free_port()
-    procs = [context.Process(target=_worker, args=(r, mode, workload, steps, port, out))
+    procs = [context.Process(target=_worker, args=(r, mode, workload, steps, port, out, awake))
              for r in range(2)]
     for p in procs:
         p.start()
@@ -214,33 +235,45 @@ def run_mode(mode: str, workload: str, steps: int) -> dict[int, dict[str, float]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workload", default="resnet")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="rounds through the modes, interleaved (a VM's speed drifts)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--awake", action="store_true",
+                        help="keep each worker's core busy when it would idle (see SPIN)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args()
-    results: dict[str, Any] = {}
-    solo: dict[str, float] | None = None
+    runs: dict[str, list[dict[int, dict[str, float] | None]]] = {m: [] for m in args.modes}
+    for _ in range(args.repeats):
+        for mode in args.modes:
+            runs[mode].append(run_mode(mode, args.workload, args.steps, args.awake))
     print(f"workload {args.workload}, {args.steps} steps a mode, 2 processes pinned to cores "
-          "0 and 1, one torch thread each")
+          f"0 and 1, one torch thread each{', cores kept awake' if args.awake else ''}; "
+          f"median of {args.repeats} interleaved rounds "
+          "(min-max of the compute CPU time)")
     print("| mode | rank | steps/s | compute wall ms | compute CPU ms | step ms | "
           "compute CPU vs solo |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
+    solo: float | None = None
+    medians: dict[str, dict[int, dict[str, float]]] = {}
     for mode in args.modes:
-        results[mode] = run_mode(mode, args.workload, args.steps)
-        for rank, row in sorted(results[mode].items()):
-            if row is None:
+        for rank in (0, 1):
+            rows = [run[rank] for run in runs[mode] if run.get(rank) is not None]
+            if not rows:
                 continue
+            row = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+            medians.setdefault(mode, {})[rank] = row
+            cpu = [r["compute_cpu_ms"] for r in rows]
             if mode == "solo":
-                solo = row
-            ratio = (f"{row['compute_cpu_ms'] / solo['compute_cpu_ms']:.2f}x" if solo
-                     else "-")
+                solo = row["compute_cpu_ms"]
+            ratio = f"{row['compute_cpu_ms'] / solo:.2f}x" if solo else "-"
             print(f"| {mode} | {rank} | {row['steps_per_s']:.2f} | "
-                  f"{row['compute_wall_ms']:.1f} | {row['compute_cpu_ms']:.1f} | "
-                  f"{row['step_ms']:.1f} | {ratio} |", flush=True)
+                  f"{row['compute_wall_ms']:.1f} | {row['compute_cpu_ms']:.1f} "
+                  f"({min(cpu):.0f}-{max(cpu):.0f}) | {row['step_ms']:.1f} | {ratio} |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workload": args.workload, "steps": args.steps, "modes": results},
-                      f, indent=2)
+            json.dump({"workload": args.workload, "steps": args.steps, "runs": runs,
+                       "medians": medians}, f, indent=2)
 
 
 if __name__ == "__main__":

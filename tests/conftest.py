@@ -99,3 +99,23 @@ def consensus_loss_fell(result: RunResult, factor: float = 0.8) -> bool:
 @pytest.fixture
 def loss_fell():
     return consensus_loss_fell
+
+
+@pytest.fixture
+def busy_loops_of():
+    """The `--keep-awake` busy loops (hetsync.launch.awake_cores) a process has as children:
+    (pid, scheduling policy, affinity) each."""
+    def loops(parent: int) -> list[tuple[int, int, set[int]]]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                stat = (proc / "stat").read_text()
+                cmdline = (proc / "cmdline").read_bytes()
+                if int(stat.rsplit(")", 1)[1].split()[1]) != parent or b"SCHED_IDLE" not in cmdline:
+                    continue
+                pid = int(proc.name)
+                found.append((pid, os.sched_getscheduler(pid), os.sched_getaffinity(pid)))
+            except (OSError, ValueError, IndexError):
+                continue
+        return found
+    return loops

@@ -61,6 +61,9 @@ class _RunOptions:
     """Give each worker cores of its own (hetsync.launch.cpu_placement); the launcher only."""
     cpus_per_worker: int = 1
     """With --pin: how many cores each worker gets."""
+    keep_awake: bool = False
+    """With --pin: busy loops at the lowest priority on the workers' cores
+    (hetsync.launch.awake_cores)."""
     max_time: float | None = None
     max_iterations: int | None = None
     target_loss: float | None = None
@@ -228,6 +231,8 @@ class RunConfig(_RunOptions):
         self.slowdown_spec().check_ranks(self.workers)
         if self.cpus_per_worker != 1 and not self.pin:
             raise ConfigError("--cpus-per-worker gives pinned workers their cores: add --pin")
+        if self.keep_awake and not self.pin:
+            raise ConfigError("--keep-awake keeps pinned workers' cores busy: add --pin")
         network = parse_network(self.network)
         if network is not None:
             network.check_ranks(self.workers)

@@ -52,10 +52,11 @@ def _cpu_cgroup(facts: dict) -> str:
 
 @needs_quota
 @needs_two_cores
-def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_path):
+def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_path,
+                                                                           busy_loops_of):
     result = run(RunConfig(script=[str(SCRIPT), str(tmp_path)], protocol="adpsgd", workers=2,
-                           pin=True, slowdown="cpu:ranks=1,share=0.25", max_time=2.0,
-                           out=tmp_path / "run", quiet=True))
+                           pin=True, keep_awake=True, slowdown="cpu:ranks=1,share=0.25",
+                           max_time=2.0, out=tmp_path / "run", quiet=True))
     start, end = _facts(tmp_path, "start."), _facts(tmp_path, "")
     cores = sorted(os.sched_getaffinity(0))
     assert [f["cores"] for f in start] == [[cores[0]], [cores[1]]]
@@ -66,8 +67,10 @@ def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_p
     assert end[1]["cpu_fraction"] < 0.3 and end[1]["iterations"] > 0
     assert result.summary["placement"] == {
         "cores": {"0": [cores[0]], "1": [cores[1]]}, "launcher_cores": [cores[1]],
-        "cpu_share": {"1": 0.25}, "cgroup": "v1" if not CpuQuota({}, "").v2 else "v2"}
+        "kept_awake": True, "cpu_share": {"1": 0.25},
+        "cgroup": "v1" if not CpuQuota({}, "").v2 else "v2"}
     assert _our_cgroups() == []
+    assert busy_loops_of(os.getpid()) == []  # --keep-awake's, gone with the run
 
 
 @needs_quota

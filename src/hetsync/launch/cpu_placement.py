@@ -6,7 +6,9 @@ Under `--pin`, rank r gets the `--cpus-per-worker` cores after rank r-1's, in th
 the cores this process may run on, and the launcher (its evaluation and snapshots) moves to
 the cores left over. With none left over it shares the last rank's cores, and says so in the
 one line it prints: a launcher that takes cores from every worker would slow them all. Its
-evaluation then runs at the lowest priority, so that the rank keeps its core.
+evaluation then runs at the lowest priority, so that the rank keeps its core. With
+`--keep-awake` the workers' cores also get busy loops that run only when they would idle
+(hetsync.launch.awake_cores).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
+from hetsync.launch.awake_cores import AwakeCores
 from hetsync.launch.cpu_quota import CpuQuota
 
 __all__ = ["CpuPlacement", "Pinning", "plan_pinning"]
@@ -71,6 +74,7 @@ class CpuPlacement:
         self.quota = CpuQuota(shares, run_id, cgroup_root) if shares else None
         self.pinning: Pinning | None = None
         self._launcher_was: set[int] | None = None
+        self.awake: AwakeCores | None = None
 
     def __enter__(self) -> CpuPlacement:
         if self.config.pin:
@@ -81,7 +85,11 @@ class CpuPlacement:
         if self.pinning is not None:
             self._launcher_was = os.sched_getaffinity(0)
             _set_own_affinity(self.pinning.launcher)
-            print(f"hetsync: {self.pinning.note}", file=sys.stderr)  # --quiet hides the bar only
+            awake = "; their cores kept awake" if self.config.keep_awake else ""
+            print(f"hetsync: {self.pinning.note}{awake}", file=sys.stderr)  # --quiet: bar only
+            if self.config.keep_awake:
+                self.awake = AwakeCores(core for cores in self.pinning.workers
+                                        for core in cores).__enter__()
         return self
 
     @property
@@ -109,6 +117,7 @@ class CpuPlacement:
         if self.pinning is not None:
             facts["cores"] = {str(r): sorted(c) for r, c in enumerate(self.pinning.workers)}
             facts["launcher_cores"] = sorted(self.pinning.launcher)
+            facts["kept_awake"] = self.awake is not None
         if self.quota is not None:
             facts["cpu_share"] = {str(r): s for r, s in sorted(self.quota.shares.items())}
             facts["cgroup"] = "v2" if self.quota.v2 else "v1"
@@ -116,6 +125,8 @@ class CpuPlacement:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
+        if self.awake is not None:
+            self.awake.stop()
         if self._launcher_was is not None:
             _set_own_affinity(self._launcher_was)
         if self.quota is not None:
