@@ -69,10 +69,8 @@ def _flat(tensors: list[torch.Tensor], out: torch.Tensor) -> torch.Tensor:
 
 
 def _unflat_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        t.copy_(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+    for t, v in zip(tensors, _split(flat, tensors), strict=True):
+        t.copy_(v)
 
 
 class _Receiver:
@@ -208,11 +206,8 @@ def _worker(rank: int, mode: str, workload_name: str, steps: int, port: int,
 
 
 def _split(flat: torch.Tensor, like: list[torch.Tensor]) -> list[torch.Tensor]:
-    views, offset = [], 0
-    for t in like:
-        views.append(flat[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return views
+    return [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in like]), like,
+                                          strict=True)]
 
 
 def run_mode(mode: str, workload: str, steps: int,
