@@ -226,10 +226,10 @@ class _Server:
         """One send or read of `reply` is done; after the last, it is free for the next
         reply (lock held). Model-sized buffers are reused, not allocated per reply: a new one
         is fresh pages to fault in, see `Link.flat`."""
-        left = self._readers.pop(id(reply)) - 1
-        if left:
+        left = self._readers.pop(id(reply), 0) - 1
+        if left > 0:
             self._readers[id(reply)] = left
-        else:
+        elif left == 0:  # (left < 0: a buffer `_deliver` did not make, not ours to reuse)
             self._replies.append(reply)
 
     def take_bytes_sent(self) -> int:
