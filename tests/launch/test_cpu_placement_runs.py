@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
+from hetsync.launch.cpu_placement import CpuPlacement
 from hetsync.launch.cpu_quota import CpuQuota
 from hetsync.launch.launcher import run
 
@@ -83,6 +85,19 @@ def test_the_cgroup_goes_after_a_killed_worker(tmp_path):
     assert _our_cgroups() == []
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["placement"]["cpu_share"] == {"1": 1.0}
+
+
+@needs_quota
+@needs_two_cores
+def test_busy_loops_that_cannot_start_undo_the_quota_and_the_pinning(monkeypatch, tmp_path):
+    """Each step of the placement is undone when a later one fails: no cgroup stays behind
+    and the launcher gets its cores back."""
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    cores = os.sched_getaffinity(0)
+    config = RunConfig(workers=2, pin=True, keep_awake=True, slowdown="cpu:ranks=1,share=0.5")
+    with pytest.raises(FileNotFoundError), CpuPlacement(config, str(os.getpid())):
+        pytest.fail("the placement should not have opened")
+    assert _our_cgroups() == [] and os.sched_getaffinity(0) == cores
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -73,23 +74,29 @@ class CpuPlacement:
         shares = {rank: spec.share for rank in spec.ranks} if spec.kind == "cpu" else {}
         self.quota = CpuQuota(shares, run_id, cgroup_root) if shares else None
         self.pinning: Pinning | None = None
-        self._launcher_was: set[int] | None = None
         self.awake: AwakeCores | None = None
+        self._undo = ExitStack()
 
     def __enter__(self) -> CpuPlacement:
         if self.config.pin:
             self.pinning = plan_pinning(self.config.workers, self.config.cpus_per_worker,
                                         os.sched_getaffinity(0))
-        if self.quota is not None:
-            self.quota.create()
-        if self.pinning is not None:
-            self._launcher_was = os.sched_getaffinity(0)
-            _set_own_affinity(self.pinning.launcher)
-            awake = "; their cores kept awake" if self.config.keep_awake else ""
-            print(f"hetsync: {self.pinning.note}{awake}", file=sys.stderr)  # --quiet: bar only
-            if self.config.keep_awake:
-                self.awake = AwakeCores(core for cores in self.pinning.workers
-                                        for core in cores).__enter__()
+        # One stack for the quota, the affinity and the busy loops: whichever step fails,
+        # what the earlier ones set up is undone before the error leaves.
+        with ExitStack() as stack:
+            if self.quota is not None:
+                self.quota.create()
+                stack.callback(self._remove_quota)
+            if self.pinning is not None:
+                launcher_was = os.sched_getaffinity(0)
+                _set_own_affinity(self.pinning.launcher)
+                stack.callback(_set_own_affinity, launcher_was)
+                awake = "; their cores kept awake" if self.config.keep_awake else ""
+                print(f"hetsync: {self.pinning.note}{awake}", file=sys.stderr)  # --quiet: bar
+                if self.config.keep_awake:
+                    self.awake = stack.enter_context(AwakeCores(
+                        core for cores in self.pinning.workers for core in cores))
+            self._undo = stack.pop_all()
         return self
 
     @property
@@ -125,13 +132,12 @@ class CpuPlacement:
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        if self.awake is not None:
-            self.awake.stop()
-        if self._launcher_was is not None:
-            _set_own_affinity(self._launcher_was)
-        if self.quota is not None:
-            for problem in self.quota.remove():
-                print(f"hetsync: {problem}", file=sys.stderr)
+        self._undo.close()
+
+    def _remove_quota(self) -> None:
+        assert self.quota is not None
+        for problem in self.quota.remove():
+            print(f"hetsync: {problem}", file=sys.stderr)
 
 
 def _set_own_affinity(cores: set[int] | frozenset[int]) -> None:
