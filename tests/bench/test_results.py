@@ -10,7 +10,13 @@ from types import MappingProxyType
 
 import pytest
 
-from hetsync.bench.markdown import format_speedup, headline_lines, real_table, setting_table
+from hetsync.bench.markdown import (
+    format_speedup,
+    headline_lines,
+    real_table,
+    setting_table,
+    workloads_line,
+)
 from hetsync.bench.results import collect, speedup
 from hetsync.bench.runner import FAILED_FILE, BenchOptions, plan
 from hetsync.bench.suites import Setting, Suite, Variant
@@ -157,3 +163,10 @@ def test_a_real_suite_takes_its_ideal_and_compute_inflation_from_one_worker_alon
     assert [h["setting"] for h in results["headline"]] == ["homogeneous", "slow"]
     table = real_table(results["settings"][2])
     assert "| adpsgd | not reached (> 60) | 2232 | 93.0% | 51 | 0.98x | 9 / 10 / 11 |" in table
+
+
+def test_the_header_names_every_workload_with_its_target():
+    settings = [{"workload": "resnet"}, {"workload": "mlp-wide"}, {"workload": "resnet"}]
+    line = workloads_line({"settings": settings}, {"resnet": 0.6, "mlp-wide": 0.7})
+    assert line == "Workloads resnet (target loss 0.6), mlp-wide (target loss 0.7)"
+    assert workloads_line({"settings": settings[:1]}, {}) == "Workload resnet"

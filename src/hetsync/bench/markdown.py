@@ -182,18 +182,25 @@ def _compute(step_time: float | None, options: dict[str, Any]) -> str:
     return f"{step_time:g} ms emulated compute per iteration" if step_time else "real compute"
 
 
+def workloads_line(results: dict[str, Any], targets: dict[str, float]) -> str:
+    """The settings' workloads with their target losses ("target" unset where none ran)."""
+    names = list(dict.fromkeys(s["workload"] for s in results["settings"]))
+    parts = [f"{name} (target loss {targets[name]:g})" if name in targets else name
+             for name in names]
+    return ("Workload " if len(parts) == 1 else "Workloads ") + ", ".join(parts)
+
+
 def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
                    command: str) -> Path:
     """Write out/results.md (and its plots under out/plots/); return its path."""
     (out / "plots").mkdir(parents=True, exist_ok=True)
     o = results["options"]
-    target = next((row["target_loss"] for s in results["settings"] for row in s["results"]
-                   if row["target_loss"] is not None), None)
+    targets = {s["workload"]: row["target_loss"] for s in results["settings"]
+               for row in s["results"] if row["target_loss"] is not None}
     sections = [
         f"# hetsync bench: suite `{results['suite']}`\n",
         f"Suite: {results['description']}. Regenerate with `{command}`.\n",
-        f"Workload {o['workload']}, target loss {target}, at most {results['max_time_s']:g} s "
-        "per run, "
+        f"{workloads_line(results, targets)}, at most {results['max_time_s']:g} s per run, "
         f"{o['repeats']} repeat(s) (seeds {o['seed']}..{o['seed'] + o['repeats'] - 1}; medians "
         f"shown), {results['runs_done']} of {results['runs_total']} runs done. Speed-ups are "
         "ratios of time to target; \"≥\" marks a bound where the baseline never reached the "
