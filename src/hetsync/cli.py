@@ -238,8 +238,8 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     bench.add_argument("--workload", help="cnn or svm (or another built-in) (default: "
                        f"{defaults.workload}, or digits where Fashion-MNIST is not installed)")
     bench.add_argument("--repeats", type=int, help="runs per protocol and setting, with "
-                       "seeds SEED..SEED+R-1; the median is reported "
-                       f"(default: {defaults.repeats})")
+                       "seeds SEED..SEED+R-1, run in rounds (every run once, then again); the "
+                       f"median is reported (default: {defaults.repeats})")
     bench.add_argument("--workers", type=int, help="workers where the suite does not say "
                        f"(default: {defaults.workers})")
     bench.add_argument("--step-time", type=float, help="emulated compute per iteration, ms "

@@ -18,7 +18,7 @@ from hetsync.bench.markdown import (
     workloads_line,
 )
 from hetsync.bench.results import collect, speedup
-from hetsync.bench.runner import FAILED_FILE, BenchOptions, plan
+from hetsync.bench.runner import FAILED_FILE, BenchOptions, in_rounds, plan
 from hetsync.bench.suites import Setting, Suite, Variant
 
 SUITE = Suite(
@@ -170,3 +170,11 @@ def test_the_header_names_every_workload_with_its_target():
     line = workloads_line({"settings": settings}, {"resnet": 0.6, "mlp-wide": 0.7})
     assert line == "Workloads resnet (target loss 0.6), mlp-wide (target loss 0.7)"
     assert workloads_line({"settings": settings[:1]}, {}) == "Workload resnet"
+
+
+def test_repeats_run_in_rounds_so_drift_slows_every_variant_alike(tmp_path):
+    runs = plan(SUITE, BenchOptions(suite="test", workers=4, repeats=2), tmp_path)
+    order = in_rounds(list(enumerate(runs, 1)))
+    assert [run.repeat for _, run in order] == [0] * 6 + [1] * 6
+    assert [(run.setting.name, run.variant.label) for _, run in order[:6]] == [
+        (run.setting.name, run.variant.label) for run in runs if run.repeat == 0]

@@ -173,8 +173,8 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
     for reason in dict.fromkeys(f"{r.setting.name} · {r.variant.label}: {r.not_applicable}"
                                 for r in runs if r.not_applicable):
         print(f"not applicable, left out: {reason}")
-    todo = [(position, run) for position, run in enumerate(runs, 1)
-            if not run.done and not run.not_applicable]
+    todo = in_rounds([(position, run) for position, run in enumerate(runs, 1)
+                      if not run.done and not run.not_applicable])
     start = launch
     if options.simulate or suite.simulated:
         sim_options = SimOptions(math=options.math, progress=False)
@@ -193,6 +193,14 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
             outcome = f"failed: {error}"
         progress.finished(run.config.workers, outcome)
     return runs
+
+
+def in_rounds(todo: list[tuple[int, PlannedRun]]) -> list[tuple[int, PlannedRun]]:
+    """The runs in rounds: each run's first repeat, then each one's second, and so on (in
+    plan order within a round). A machine whose speed drifts over the suite's hour then
+    slows every variant's repeats alike, instead of all the repeats of whichever variants
+    ran in a slow period."""
+    return sorted(todo, key=lambda item: item[1].repeat)
 
 
 def _outcome(summary: dict) -> str:
