@@ -14,13 +14,15 @@ from hetsync.metrics.summary import time_to_target
 from hetsync.metrics.worker_log import snapshot_path
 
 
-def _snapshot(run_dir, index, loss, world=2):
-    """Set `index` at t = index / 4 s, whose consensus loss is `loss`."""
+def _snapshot(run_dir, index, loss, world=2, iteration=None):
+    """Set `index` at t = iteration / 4 s (iteration: the index unless given), whose consensus
+    loss is `loss`."""
+    iteration = index if iteration is None else iteration
     for rank in range(world):
         path = snapshot_path(run_dir, index, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         state = {"w": torch.tensor([loss + (0.1 if rank else -0.1)])}
-        torch.save({"iteration": index, "t": index / 4, "state": state}, path)
+        torch.save({"iteration": iteration, "t": iteration / 4, "state": state}, path)
 
 
 class LossIsW:
@@ -104,3 +106,25 @@ def test_a_lost_worker_leaves_the_sets_the_consensus_of_the_others(tmp_path):
     [row] = [r for r in _rows(tmp_path) if r["iterations"] == [1, 1]]
     assert row["ranks"] == [0, 2]
     assert row["loss"] == pytest.approx(1.5)  # (0.5 + 2.5) / 2
+
+
+def test_a_final_set_equal_to_the_newest_is_not_measured_again(tmp_path):
+    """A run that ends right after its last snapshot: the final models are that set's."""
+    measure = LossIsW()
+    evaluator = Evaluator(tmp_path, 2, measure, per_worker=False)
+    _snapshot(tmp_path, 3, 0.5)
+    _snapshot(tmp_path, "final", 0.5, iteration=3)
+    evaluator.finish()
+    assert measure.calls == 1
+    assert [(r["model"], r["loss"]) for r in _rows(tmp_path)] == [("consensus", 0.5),
+                                                                  ("final", 0.5)]
+
+
+def test_a_final_set_that_moved_on_is_measured(tmp_path):
+    measure = LossIsW()
+    evaluator = Evaluator(tmp_path, 2, measure, per_worker=False)
+    _snapshot(tmp_path, 3, 0.5)
+    _snapshot(tmp_path, "final", 0.4, iteration=4)
+    evaluator.finish()
+    assert measure.calls == 2
+    assert _rows(tmp_path)[-1]["loss"] == pytest.approx(0.4)

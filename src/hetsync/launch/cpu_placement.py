@@ -75,6 +75,7 @@ class CpuPlacement:
         self.quota = CpuQuota(shares, run_id, cgroup_root) if shares else None
         self.pinning: Pinning | None = None
         self.awake: AwakeCores | None = None
+        self._launcher_was: set[int] | None = None
         self._undo = ExitStack()
 
     def __enter__(self) -> CpuPlacement:
@@ -88,9 +89,9 @@ class CpuPlacement:
                 self.quota.create()
                 stack.callback(self._remove_quota)
             if self.pinning is not None:
-                launcher_was = os.sched_getaffinity(0)
+                self._launcher_was = os.sched_getaffinity(0)
                 _set_own_affinity(self.pinning.launcher)
-                stack.callback(_set_own_affinity, launcher_was)
+                stack.callback(self.free_launcher)
                 awake = "; their cores kept awake" if self.config.keep_awake else ""
                 print(f"hetsync: {self.pinning.note}{awake}", file=sys.stderr)  # --quiet: bar
                 if self.config.keep_awake:
@@ -98,6 +99,12 @@ class CpuPlacement:
                         core for cores in self.pinning.workers for core in cores))
             self._undo = stack.pop_all()
         return self
+
+    def free_launcher(self) -> None:
+        """The launcher back on the cores it had before (the workers are gone: what it does
+        now, such as the evaluation left over, takes no core from them)."""
+        if self._launcher_was is not None:
+            _set_own_affinity(self._launcher_was)
 
     @property
     def launcher_shares_a_worker(self) -> bool:

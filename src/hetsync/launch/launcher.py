@@ -185,11 +185,23 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
         if bar is not None:
             bar.close()
     if evaluation is not None:
-        evaluation.finish()
+        _finish_evaluation(evaluation, placement)
     reasons = [_stop_reason(control, r) for r in range(config.workers) if r not in monitor.lost]
     summary = {**summarize(run_dir, config, next((r for r in reasons if r), None)), **extra}
     write_summary(run_dir, summary)
     return RunResult(run_dir, summary)
+
+
+def _finish_evaluation(evaluation: EvaluationThread, placement: CpuPlacement) -> None:
+    """The workers are gone: what is left to evaluate (the sets a busy run left no CPU for,
+    the bisection of the target's crossing, the final models; tens of seconds for a real
+    suite's run on 2 cores) gets every core the launcher may use, in torch's threads."""
+    placement.free_launcher()
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    try:
+        evaluation.finish()
+    finally:
+        torch.set_num_threads(1)
 
 
 class _RunClock:

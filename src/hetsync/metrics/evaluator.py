@@ -60,6 +60,10 @@ def average_states(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Ten
     return averaged
 
 
+def _same_state(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 class Measure(Protocol):
     """Loss and accuracy of a model state: the whole held-out split, or a fixed subset."""
 
@@ -123,6 +127,10 @@ class Evaluator:
         """The newest consensus set evaluated (the lower end of a crossing's bracket)."""
         self._crossed = target_loss is None or measure is None
         self._next_due = 0.0
+        self._newest: tuple[dict[str, torch.Tensor], tuple[float | None, float | None]] | None = (
+            None)
+        """The newest set's consensus model and its measure: the final set is often the same
+        models (a run that ends right after a snapshot), and a full evaluation costs seconds."""
 
     def lose(self, rank: int) -> None:
         """Go on without `rank` (`--on-failure continue`): later sets, and any still waiting
@@ -208,8 +216,15 @@ class Evaluator:
         states = [item["state"] for item in loaded]
         iterations = [int(item["iteration"]) for item in loaded]
         t = max(float(item.get("t", 0.0)) for item in loaded)
-        loss, accuracy = self._measure(average_states(states), subset=False)
+        average = average_states(states)
         name = "final" if index == "final" else "consensus"
+        newest = self._newest
+        if name == "final" and newest is not None and _same_state(average, newest[0]):
+            loss, accuracy = newest[1]  # the run ended right after its last snapshot
+        else:
+            loss, accuracy = self._measure(average, subset=False)
+        if extras and name == "consensus":
+            self._newest = (average, (loss, accuracy))
         row = {"t": t, "model": name, "loss": loss, "accuracy": accuracy, "iterations": iterations,
                "consensus_distance": consensus_distance(states)}
         if len(ranks) < self.world:
