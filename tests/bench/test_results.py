@@ -178,3 +178,16 @@ def test_repeats_run_in_rounds_so_drift_slows_every_variant_alike(tmp_path):
     assert [run.repeat for _, run in order] == [0] * 6 + [1] * 6
     assert [(run.setting.name, run.variant.label) for _, run in order[:6]] == [
         (run.setting.name, run.variant.label) for run in runs if run.repeat == 0]
+
+
+@pytest.mark.parametrize("reason", ["interrupted", "failed: worker rank 1 exited with code 1"])
+def test_an_interrupted_or_failed_run_is_not_done_and_resume_runs_it_again(tmp_path, reason):
+    """Both leave a summary.json of what they measured; neither is a repeat's figures."""
+    [run, *_] = plan(SUITE, BenchOptions(suite="test", workers=4), tmp_path)
+    run.run_dir.mkdir(parents=True)
+    (run.run_dir / "summary.json").write_text(json.dumps({**summary(None, 900),
+                                                         "stop_reason": reason}))
+    assert not run.done
+    (run.run_dir / "summary.json").write_text(json.dumps({**summary(None, 900),
+                                                         "stop_reason": "max_time"}))
+    assert run.done

@@ -1,8 +1,9 @@
 """Run a suite: plan every (setting, variant, repeat), run what is not done yet, report.
 
 The suite folder is the unit of resumption: `suite.json` records the options, each run has
-its own directory under `runs/`, and a run counts as done once its `summary.json` exists. A
-run that failed is recorded (`failed.txt`), the suite goes on, and `--resume` retries it.
+its own directory under `runs/`, and a run counts as done once its `summary.json` says it
+finished. A run that failed is recorded (`failed.txt`), the suite goes on, and `--resume`
+retries it, as it does a run that was interrupted.
 """
 
 from __future__ import annotations
@@ -88,7 +89,16 @@ class PlannedRun:
 
     @property
     def done(self) -> bool:
-        return (self.run_dir / "summary.json").is_file()
+        """Whether its summary.json says it finished. A failed run (`failed.txt`) and an
+        interrupted one (Ctrl-C, SIGTERM) have a summary too, of what they measured: they are
+        not done, so their figures stay out of the medians and `--resume` runs them again."""
+        try:
+            summary = json.loads((self.run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            return False
+        reason = summary.get("stop_reason") or ""
+        return not ((self.run_dir / FAILED_FILE).is_file() or reason == "interrupted"
+                    or reason.startswith("failed"))
 
 
 def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> list[PlannedRun]:
