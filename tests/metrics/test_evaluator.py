@@ -108,23 +108,16 @@ def test_a_lost_worker_leaves_the_sets_the_consensus_of_the_others(tmp_path):
     assert row["loss"] == pytest.approx(1.5)  # (0.5 + 2.5) / 2
 
 
-def test_a_final_set_equal_to_the_newest_is_not_measured_again(tmp_path):
-    """A run that ends right after its last snapshot: the final models are that set's."""
+@pytest.mark.parametrize(("final_loss", "measured"), [(0.5, 1), (0.4, 2)])
+def test_a_final_set_equal_to_the_newest_is_not_measured_again(tmp_path, final_loss, measured):
+    """A run that ends right after its last snapshot: the final models are that set's, and
+    their measure is reused; final models that moved on are measured."""
     measure = LossIsW()
     evaluator = Evaluator(tmp_path, 2, measure, per_worker=False)
     _snapshot(tmp_path, 3, 0.5)
-    _snapshot(tmp_path, "final", 0.5, iteration=3)
+    _snapshot(tmp_path, "final", final_loss, iteration=4)
     evaluator.finish()
-    assert measure.calls == 1
-    assert [(r["model"], r["loss"]) for r in _rows(tmp_path)] == [("consensus", 0.5),
-                                                                  ("final", 0.5)]
-
-
-def test_a_final_set_that_moved_on_is_measured(tmp_path):
-    measure = LossIsW()
-    evaluator = Evaluator(tmp_path, 2, measure, per_worker=False)
-    _snapshot(tmp_path, 3, 0.5)
-    _snapshot(tmp_path, "final", 0.4, iteration=4)
-    evaluator.finish()
-    assert measure.calls == 2
-    assert _rows(tmp_path)[-1]["loss"] == pytest.approx(0.4)
+    assert measure.calls == measured
+    rows = _rows(tmp_path)
+    assert [r["model"] for r in rows] == ["consensus", "final"]
+    assert [r["loss"] for r in rows] == pytest.approx([0.5, final_loss])
