@@ -28,11 +28,13 @@ def test_zero_lr_conserves_the_sum_and_reaches_consensus(
 
 
 @pytest.mark.parametrize(
-    ("protocol", "topology"),
-    [("dpsgd", "ring"), ("adpsgd", "ring"),
-     pytest.param("dpsgd", "exponential", marks=pytest.mark.slow)],  # CI time: as the ring
+    ("protocol", "topology", "ending"),
+    [("dpsgd", "ring", "stop"), ("adpsgd", "ring", "stop"), ("adpsgd", "ring", "loop"),
+     # CI time: as the cases above
+     pytest.param("dpsgd", "ring", "loop", marks=pytest.mark.slow),
+     pytest.param("dpsgd", "exponential", "stop", marks=pytest.mark.slow),
+     pytest.param("dpsgd", "exponential", "loop", marks=pytest.mark.slow)],
 )
-@pytest.mark.parametrize("ending", ["stop", "loop"])
 def test_zero_lr_conserves_the_sum_in_a_few_iterations(
     protocol, topology, ending, check_zero_lr_consensus
 ):

@@ -24,7 +24,8 @@ BETWEEN = {"overlap": False}  # P-Reduces between steps, as before --overlap
 @pytest.mark.parametrize(
     "options", [pytest.param({"gg_policy": "random"}, marks=pytest.mark.slow),
                 {"schedule": "static"}, {"group_size": 2},
-                {"gg_policy": "random", "group_buffer": True}, {"group_size": 2, **BETWEEN},
+                {"gg_policy": "random", "group_buffer": True},
+                pytest.param({"group_size": 2, **BETWEEN}, marks=pytest.mark.slow),  # CI time
                 pytest.param({"gg_policy": "random", **BETWEEN}, marks=pytest.mark.slow)],
     ids=["random groups", "static schedule", "ready groups", "paper", "ready between steps",
          "random between steps"],
