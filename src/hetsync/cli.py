@@ -258,6 +258,8 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
                        "(default: off; on for simulated suites such as scaling-sim)")
     bench.add_argument("--math", action="store_true", default=None, help="with --simulate: "
                        "the workers' real numerical updates too (svm only) (default: off)")
+    bench.add_argument("--variants", help="comma-separated variant labels: run only these "
+                       "and the suite's reference runs, e.g. hop,allreduce (default: all)")
     bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
                        "--out without redoing its finished runs")
     bench.add_argument("--list", action="store_true", help="list the suites and exit")

@@ -119,3 +119,22 @@ def test_the_gpu_suite_passes_its_device_and_real_compute_to_every_run(gpu_devic
     assert len(runs) == 2 * len(GPU.variants) and not any(r.not_applicable for r in runs)
     assert {(r.config.device, r.config.step_time, r.config.workers) for r in runs} == {
         (gpu_device, 0.0, 4)}
+
+
+def test_variants_runs_the_named_rows_and_every_reference(tmp_path):
+    """`--variants`: part of a suite rerun in the same rounds; the solo runs stay (the ideal)."""
+    options = BenchOptions(suite="real-small", variants="hop, allreduce")
+    runs = plan(options.chosen_suite(), options, tmp_path)
+    by_setting: dict[str, set[str]] = {}
+    for run in runs:
+        by_setting.setdefault(run.setting.name, set()).add(run.variant.label)
+    references = {s.name for s in get_suite("real-small").settings if s.reference}
+    assert references and all(by_setting[name] == {"solo"} for name in references)
+    others = set(by_setting) - references
+    assert others and all(by_setting[name] == {"hop", "allreduce"} for name in others)
+
+
+def test_variants_refuses_a_label_the_suite_does_not_run():
+    with pytest.raises(ConfigError, match=r"--variants: hop-skip not in suite real-small \(its "
+                       r"variants: .*allreduce"):
+        BenchOptions(suite="real-small", variants="hop-skip,allreduce").check()

@@ -8,7 +8,6 @@ from pathlib import Path
 from hetsync.bench.markdown import headline_lines, setting_table, write_markdown
 from hetsync.bench.results import collect, write_results
 from hetsync.bench.runner import BenchOptions, run_suite
-from hetsync.bench.suites import get_suite
 
 __all__ = ["bench", "command_line"]
 
@@ -33,7 +32,7 @@ def bench(options: BenchOptions, out: Path, resume: bool = False,
     """Run (or finish) a suite into `out`, write results.json and results.md, print the
     tables; return the path of results.md."""
     runs = run_suite(options, out, resume, show_run_progress)
-    suite = get_suite(options.suite)
+    suite = options.chosen_suite()
     results = collect(suite, options, runs, out)
     write_results(results, out)
     report = write_markdown(results, runs, out, command_line(options, out))

@@ -53,9 +53,19 @@ class BenchOptions:
     """Run every run in the simulator (suites too large for real runs always are)."""
     math: bool = False
     """Simulated runs also do the workers' real numerical updates (svm only)."""
+    variants: str | None = None
+    """Comma-separated variant labels: run only these (and the reference runs); None: all."""
+
+    def chosen_suite(self) -> Suite:
+        """The suite, restricted to `variants` where given."""
+        suite = get_suite(self.suite)
+        if self.variants is None:
+            return suite
+        return suite.only(tuple(label.strip() for label in self.variants.split(",")
+                                if label.strip()))
 
     def check(self) -> BenchOptions:
-        get_suite(self.suite)
+        self.chosen_suite()
         get_workload(self.workload)
         if self.repeats < 1:
             raise ConfigError(f"--repeats must be >= 1 (got {self.repeats})")
@@ -175,7 +185,7 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
     Failed runs are recorded and skipped; KeyboardInterrupt stops the suite (finished runs
     stay done, so --resume continues from the interrupted one)."""
     options.check()
-    suite = get_suite(options.suite)
+    suite = options.chosen_suite()
     if show_run_progress is None:
         show_run_progress = sys.stderr.isatty()
     runs = plan(suite, options, out, quiet=not show_run_progress)

@@ -7,7 +7,7 @@ the protocol. Add a suite by adding an entry to `SUITES`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -81,6 +81,24 @@ class Suite:
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants
+
+    def only(self, labels: tuple[str, ...]) -> Suite:
+        """The suite with only the variants `labels` names (`--variants`): a protocol
+        comparison rerun in part, in the same rounds as its baselines. Reference settings
+        (one worker alone) stay whole, since they are the ideal of the others; a setting left
+        with no variant is dropped. An unknown label is refused with the suite's labels."""
+        known = {v.label for s in self.settings for v in self.variants_of(s)}
+        if unknown := [label for label in labels if label not in known]:
+            raise ConfigError(f"--variants: {', '.join(unknown)} not in suite {self.name} "
+                              f"(its variants: {', '.join(sorted(known))})")
+        settings = []
+        for setting in self.settings:
+            kept = tuple(v for v in self.variants_of(setting) if v.label in labels)
+            if setting.reference:
+                settings.append(setting)
+            elif kept:
+                settings.append(replace(setting, variants=kept))
+        return replace(self, settings=tuple(settings))
 
 
 #: Every protocol hetsync has, with the variants the papers evaluate: each protocol package's
@@ -243,7 +261,8 @@ def _pairs(label: str, about: str) -> Variant:
     return Variant(label, MappingProxyType({**_BY_LABEL[label].options, "group_size": 2}), about)
 
 
-#: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs.
+#: Two workers cannot make Prague's groups of 3 or Hop's ring with a backup worker: pairs, and
+#: Hop with staleness and skipping beside its default.
 _PAIRS = (
     _pairs("prague", OVERLAPPED.format("ready pairs")),
     _pairs("prague-paper", "the Prague paper's loop with pairs: random groups, Group Buffer, "
@@ -261,7 +280,7 @@ REAL_SMALL = Suite(
     "real-small", "real compute, 2 pinned workers (a 2-core machine): every protocol "
     f"homogeneous and with rank 1 at a {SHARE:g} CPU share, against one worker alone",
     _real(2, 1, REAL_WORKLOADS),
-    _families(ps=("ps-async",), hop=("hop",), prague=_PAIRS),
+    _families(ps=("ps-async",), hop=("hop", "hop-stale-skip"), prague=_PAIRS),
     target_loss={"resnet": 0.6, "mlp-wide": 0.6}, max_time=30.0, real=True,
     run_options=MappingProxyType({"pin": True}),
 )
