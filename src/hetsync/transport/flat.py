@@ -86,6 +86,30 @@ class BufferDrift:
         self.offset = sum(p.numel() for p in model.parameters() if p.is_floating_point())
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
 
+    def mix_into(self, link: Link, tensors: Sequence[torch.Tensor], self_weight: float,
+                 sent: torch.Tensor, inputs: Sequence[tuple[torch.Tensor, float]],
+                 out: torch.Tensor | None = None) -> torch.Tensor | None:
+        """tensors <- self_weight * sent + sum(weight * flat) over `inputs`, the buffers
+        corrected (`apply`): as that sum in a flat buffer, `apply` and `unpack_into` would
+        give (bit for bit in fp32; in bf16 as `Link.mix_into` says). The parameters have
+        not moved since `sent` was packed, so they are their own term and are averaged in
+        place (`Link.mix_into`: no model-sized buffer, one pass fewer); only the buffers' few
+        values go through a copy. `tensors`: the model's (`model_tensors`), whose trailing
+        ones are these buffers. Returns `Link.mix_into`'s scratch buffer, for the next call."""
+        split = len(tensors) - len(self.buffers)
+        out = link.mix_into(tensors[:split], self_weight,
+                            [(flat[: self.offset], weight) for flat, weight in inputs], out=out)
+        if self.buffers:
+            end = self.offset + sum(b.numel() for b in self.buffers)
+            average = torch.mul(sent[self.offset : end], self_weight)
+            for flat, weight in inputs:
+                average.add_(flat[self.offset : end], alpha=weight)
+            now = torch.cat([b.detach().reshape(-1).to(average.device) for b in self.buffers])
+            average.add_(now - sent[self.offset : end])
+            with torch.no_grad():
+                link.unpack_into(average, tensors[split:])
+        return out
+
     def apply(self, average: torch.Tensor, sent: torch.Tensor) -> torch.Tensor:
         """`average` with its buffer part corrected in place; `sent` is what was sent (the
         average's layout, trailing headers allowed)."""

@@ -299,12 +299,11 @@ class ADPSGD(Protocol):
                     self.cond.wait_for(lambda src=source: self._serve_granted == src)
                     self._serve_granted = None
                 # the core holds this worker's lock for us: no step or own average meanwhile;
-                # the average is made in the reply itself, in place
+                # the average is made in the reply itself and loaded through `.data` (`_load`)
                 reply = self._served if self._served is not None else self.link.empty(self.frame)
                 self._served = None
-                average = self.link.flat(self.tensors, out=self._payload(reply))
-                average.add_(self._payload(buffer)).div_(2)
-                self._load(average)
+                self.link.average_pair_into([t.data for t in self.tensors],
+                                            self._payload(buffer), self._payload(reply))
                 with self.cond:  # the trainer may now step or send its request
                     self._execute(self.core.handle(Served(src=source)))
                 self.frame.write_header(reply, Header().encode())

@@ -137,14 +137,11 @@ class DPSGD(Protocol):
         """Average x_k with the neighbours' x_k, all in (`before_optimizer_step`)."""
         inflight = self._exchange
         assert inflight is not None
-        sent = self.frame.payload(inflight.send)
-        if self._average is None:
-            self._average = torch.empty_like(sent)
-        average = torch.mul(sent, average_.self_weight, out=self._average)
-        for j, buf in inflight.received.items():
-            average.add_(self.frame.payload(buf), alpha=average_.weights[j])
-        with torch.no_grad():
-            self.link.unpack_into(self.drift.apply(average, sent), self.tensors)
+        inputs = [(self.frame.payload(buf), average_.weights[j])
+                  for j, buf in inflight.received.items()]
+        self._average = self.drift.mix_into(self.link, self.tensors, average_.self_weight,
+                                            self.frame.payload(inflight.send), inputs,
+                                            out=self._average)
         self._step.stop = average_.stop
         self._spare += [inflight.send, *inflight.received.values()]  # the exchange is over
 
