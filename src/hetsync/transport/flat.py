@@ -85,6 +85,7 @@ class BufferDrift:
     def __init__(self, model: nn.Module) -> None:
         self.offset = sum(p.numel() for p in model.parameters() if p.is_floating_point())
         self.buffers = [b for b in model.buffers() if b.is_floating_point()]
+        self.end = self.offset + sum(b.numel() for b in self.buffers)
 
     def mix_into(self, link: Link, tensors: Sequence[torch.Tensor], self_weight: float,
                  sent: torch.Tensor, inputs: Sequence[tuple[torch.Tensor, float]],
@@ -100,12 +101,10 @@ class BufferDrift:
         out = link.mix_into(tensors[:split], self_weight,
                             [(flat[: self.offset], weight) for flat, weight in inputs], out=out)
         if self.buffers:
-            end = self.offset + sum(b.numel() for b in self.buffers)
-            average = torch.mul(sent[self.offset : end], self_weight)
+            average = torch.mul(sent[self.offset : self.end], self_weight)
             for flat, weight in inputs:
-                average.add_(flat[self.offset : end], alpha=weight)
-            now = torch.cat([b.detach().reshape(-1).to(average.device) for b in self.buffers])
-            average.add_(now - sent[self.offset : end])
+                average.add_(flat[self.offset : self.end], alpha=weight)
+            average.add_(self._moved(sent))
             with torch.no_grad():
                 link.unpack_into(average, tensors[split:])
         return out
@@ -114,10 +113,13 @@ class BufferDrift:
         """`average` with its buffer part corrected in place; `sent` is what was sent (the
         average's layout, trailing headers allowed)."""
         if self.buffers:
-            end = self.offset + sum(b.numel() for b in self.buffers)
-            now = torch.cat([b.detach().reshape(-1).to(average.device) for b in self.buffers])
-            average[self.offset : end].add_(now - sent[self.offset : end])
+            average[self.offset : self.end].add_(self._moved(sent))
         return average
+
+    def _moved(self, sent: torch.Tensor) -> torch.Tensor:
+        """How far the buffers moved since `sent` was packed: x_now - x_sent."""
+        now = torch.cat([b.detach().reshape(-1).to(sent.device) for b in self.buffers])
+        return now.sub_(sent[self.offset : self.end])
 
 
 def broadcast_model(model: nn.Module, link: Link, src: int = 0) -> None:

@@ -73,7 +73,7 @@ class DPSGD(Protocol):
         self._exchange: _Posted | None = None
         self._step = Step(0)  # the step whose decisions are being carried out
         self._spare: list[torch.Tensor] = []  # message buffers no exchange is using
-        self._average: torch.Tensor | None = None
+        self._scratch: torch.Tensor | None = None  # `Link.mix_into`'s fallback buffer, if any
 
     def _new_core(self, max_iterations: int | None) -> DPSGDCore:
         return DPSGDCore.of_run(self.topology, self.runtime.rank, max_iterations)
@@ -139,9 +139,9 @@ class DPSGD(Protocol):
         assert inflight is not None
         inputs = [(self.frame.payload(buf), average_.weights[j])
                   for j, buf in inflight.received.items()]
-        self._average = self.drift.mix_into(self.link, self.tensors, average_.self_weight,
+        self._scratch = self.drift.mix_into(self.link, self.tensors, average_.self_weight,
                                             self.frame.payload(inflight.send), inputs,
-                                            out=self._average)
+                                            out=self._scratch)
         self._step.stop = average_.stop
         self._spare += [inflight.send, *inflight.received.values()]  # the exchange is over
 
