@@ -188,8 +188,16 @@ class Link:
         dist.broadcast(tensor, src, group=self.group)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self.check(tensor, "send")
-        dist.send(tensor, dst, group=self.group, tag=tag)
+        self.wait(self.isend(tensor, dst, tag), dst)
+
+    def wait(self, work: dist.Work, peer: int) -> None:
+        """Wait for `work`, a transfer with `peer`. Where workers may be lost, the wait
+        fails (`PeerLost`) once `peer` is declared lost: gloo's send to a peer that died
+        mid-message may never return (`LostWorkers.wait_for`)."""
+        if self.lost is None:
+            work.wait()
+        else:
+            self.lost.wait_for(work, peer)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
         self.check(tensor, "recv")

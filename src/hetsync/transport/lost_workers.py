@@ -8,6 +8,12 @@ store (hetsync.launch.monitor). A worker's protocol learns of them here, two way
   (a Hop worker stops waiting for its updates, the Group Generator stops grouping it, ...);
 - `confirm(rank)`: a transfer with `rank` failed; wait until the launcher says whether it
   is lost (then the protocol goes on without it) or not (then the error is real);
+- `wait_for(work, rank)`: wait for a transfer with `rank`, which fails once `rank` is declared
+  lost. gloo fails a receive from a peer that dies, but a send that was under way may never
+  return (a 80 MB send, the receiver killed mid-message: measured with torch 2.13), and
+  `Work.wait(timeout)` cannot help: gloo closes the pair when it times out, and a p2p Work is
+  complete only once waited. So each peer's waits run on a thread of its own, and the caller
+  gives up when the launcher declares the peer lost (the thread stays blocked, harmlessly).
 
 A peer's process can die before the launcher notices (its connections close at once), so a
 failed transfer always asks; a peer that stops answering is only known from the launcher.
@@ -21,6 +27,7 @@ training loop raises (`raise_error()`); the watcher goes on telling the other su
 
 from __future__ import annotations
 
+import queue
 import sys
 import threading
 import time
@@ -29,10 +36,14 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-__all__ = ["LOST_KEY", "LostWorkers", "unless_lost"]
+__all__ = ["LOST_KEY", "LostWorkers", "PeerLost", "unless_lost"]
 
 LOST_KEY = "lost"
 POLL_S = 0.1
+
+
+class PeerLost(RuntimeError):
+    """A transfer was given up: the launcher declared its peer lost while it was under way."""
 
 
 def unless_lost(lost: LostWorkers | None, peer: int, transfer: Callable[[], object]) -> bool:
@@ -62,6 +73,7 @@ class LostWorkers:
         """The first exception a subscriber's callback raised."""
         self._told: set[int] = set()  # the ranks the watcher has told its subscribers of
         self._subscribers: list[Callable[[int], None]] = []
+        self._waiters: dict[int, queue.SimpleQueue[_Waited]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -104,6 +116,30 @@ class LostWorkers:
                 raise error
             time.sleep(POLL_S)
 
+    def wait_for(self, work: dist.Work, rank: int) -> None:
+        """Wait for `work`, a transfer with `rank`: return once it is done, raise its error,
+        or raise `PeerLost` once the launcher declares `rank` lost (as `unless_lost` expects
+        of a failed transfer)."""
+        waited = _Waited(work)
+        if rank not in self.ranks:
+            self._waiter(rank).put(waited)
+            while not waited.done.wait(POLL_S):  # no watcher may be reading the store
+                if rank in self.refresh():
+                    break
+        if not waited.done.is_set():
+            raise PeerLost(f"rank {rank} was declared lost during a transfer with it")
+        if waited.error is not None:
+            raise waited.error
+
+    def _waiter(self, rank: int) -> queue.SimpleQueue[_Waited]:
+        """The queue of `rank`'s waiting thread, started on first use."""
+        with self._lock:
+            if rank not in self._waiters:
+                self._waiters[rank] = queue.SimpleQueue()
+                threading.Thread(target=_wait_each, args=(self._waiters[rank],),
+                                 name=f"hetsync-wait-{rank}", daemon=True).start()
+            return self._waiters[rank]
+
     def close(self) -> None:
         """Stop watching, before the store goes: a watcher still reading it while the
         interpreter exits aborts the process ("terminate called without an active
@@ -134,3 +170,23 @@ class LostWorkers:
                   + "".join(traceback.format_exception(error)), file=sys.stderr, flush=True)
             if self.error is None:
                 self.error = error
+
+
+class _Waited:
+    """A transfer handed to a peer's waiting thread, and how its wait ended."""
+
+    def __init__(self, work: dist.Work) -> None:
+        self.work = work
+        self.done = threading.Event()
+        self.error: RuntimeError | None = None
+
+
+def _wait_each(waits: queue.SimpleQueue[_Waited]) -> None:
+    """A peer's waiting thread: its transfers' waits, in the order they were handed over."""
+    while True:
+        waited = waits.get()
+        try:
+            waited.work.wait()
+        except RuntimeError as error:
+            waited.error = error
+        waited.done.set()

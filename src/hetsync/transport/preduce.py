@@ -156,9 +156,9 @@ class _Mesh(PReducer):
                 confirm(peer, error)
         for peer, part, works in posted:
             try:
-                works[0].wait()
+                self.link.wait(works[0], peer)
                 heard[peer] = part
-                works[1].wait()
+                self.link.wait(works[1], peer)
             except RuntimeError as error:
                 confirm(peer, error)
         members = tuple(sorted(heard))

@@ -243,7 +243,8 @@ class ADPSGD(Protocol):
         so not loading it would break the conservation of the sum of the models."""
         assert self._pending is not None
         works, partner = self._pending.works, self._pending.partner
-        if not unless_lost(self.runtime.lost, partner, lambda: [work.wait() for work in works]):
+        if not unless_lost(self.runtime.lost, partner,
+                           lambda: [self.link.wait(work, partner) for work in works]):
             self._request_buffers = None
             with self.cond:
                 self._pending = None

@@ -224,8 +224,8 @@ class Hop(Protocol):
         return self.link.pack(TOKEN_FRAME, TokenHeader(count).encode())
 
     def _wait_sends(self) -> None:
-        for work, _, to in self._sends:
-            unless_lost(self.runtime.lost, to, work.wait)  # lost: NeighbourLost follows
+        for work, _, to in self._sends:  # to a lost peer: given up, NeighbourLost follows
+            unless_lost(self.runtime.lost, to, partial(self.link.wait, work, to))
         self._sends.clear()
 
     def _on_lost(self, rank: int) -> None:
