@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import LOST_KEY, LostWorkers, PeerLost, unless_lost
@@ -170,16 +169,15 @@ def _sender_and_victim(rank: int, port: int, out: Path) -> None:
 
 
 @pytest.mark.integration
-def test_a_send_to_a_peer_killed_mid_message_ends_when_the_launcher_declares_it_lost(tmp_path):
+def test_a_send_to_a_peer_killed_mid_message_ends_when_the_launcher_declares_it_lost(tmp_path,
+                                                                                     spawn):
     # gloo fails the killed peer's receives, but the sender's wait can block for good.
-    launcher = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    context = mp.start_processes(_sender_and_victim, args=(launcher.port, tmp_path), nprocs=2,
-                                 join=False, start_method="spawn")
-    sender, victim = context.processes
+    run = spawn(_sender_and_victim, 2, tmp_path)
+    sender, victim = run.processes  # joined one by one: the victim's death is the test
     victim.join(timeout=60.0)
     assert victim.exitcode == -signal.SIGKILL
     declared = time.time()
-    launcher.set(LOST_KEY, "1")
+    run.store.set(LOST_KEY, "1")  # as the launcher does
     sender.join(timeout=30.0)
     if sender.is_alive():
         sender.kill()

@@ -6,14 +6,11 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hetsync.errors import ConfigError
 from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
@@ -58,7 +55,7 @@ def _initial(rank: int) -> torch.Tensor:
 def _worker(rank: int, port: int, out: Path) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
-    store = dist.TCPStore("127.0.0.1", port, WORLD, rank == 0, timeout=TIMEOUT)
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
     dist.init_process_group("gloo", store=dist.PrefixStore("pg", store), rank=rank,
                             world_size=WORLD, timeout=TIMEOUT)
     states: dict[str, list[torch.Tensor]] = {}
@@ -80,24 +77,11 @@ def _worker(rank: int, port: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def states(tmp_path_factory) -> list[dict[str, list[torch.Tensor]]]:
+def states(tmp_path_factory, spawn) -> list[dict[str, list[torch.Tensor]]]:
     """Per rank, per variant: the buffer after each round of SCHEDULE (one launch for all)."""
     out = tmp_path_factory.mktemp("preduce")
-    context = mp.start_processes(_worker, args=(_free_port(), out), nprocs=WORLD, join=False,
-                                 start_method="spawn")
-    deadline = time.monotonic() + JOIN_TIMEOUT_S
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"P-Reduce workers still running after {JOIN_TIMEOUT_S:.0f} s")
+    spawn(_worker, WORLD, out).join(JOIN_TIMEOUT_S)
     return [torch.load(out / f"rank{r}.pt") for r in range(WORLD)]
 
 

@@ -188,7 +188,8 @@ class Link:
         dist.broadcast(tensor, src, group=self.group)
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
-        self.wait(self.isend(tensor, dst, tag), dst)
+        self.check(tensor, "send")
+        self.wait(dist.isend(tensor, dst, group=self.group, tag=tag), dst)
 
     def wait(self, work: dist.Work, peer: int) -> None:
         """Wait for `work`, a transfer with `peer`. Where workers may be lost, the wait
