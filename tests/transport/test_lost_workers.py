@@ -128,6 +128,25 @@ def test_a_send_that_never_ends_is_given_up_once_its_peer_is_declared_lost():
         receiver.recv([torch.zeros(1000)], 0, tag).wait()
 
 
+def test_a_blocked_wait_holds_up_no_other_threads_wait_with_the_same_peer():
+    # AD-PSGD's trainer waits for its partner's reply while its serving thread replies to
+    # that partner: a wait queued behind the other would stall the serving for nothing.
+    store = dist.HashStore()
+    sender, receiver = _gloo_pair(store)
+    lost = LostWorkers(store, world_size=2, confirm_timeout=2.0)
+    blocked = sender.send([torch.zeros(1000)], 1, 5)  # rank 1 receives it only at the end
+    trainer = threading.Thread(target=lost.wait_for, args=(blocked, 1))
+    trainer.start()
+    time.sleep(0.2)
+    received = receiver.recv([torch.zeros(10)], 0, 9)
+    lost.wait_for(sender.send([torch.ones(10)], 1, 9), 1)  # returns while the trainer waits
+    lost.wait_for(received, 0)
+    assert trainer.is_alive()
+    receiver.recv([torch.zeros(1000)], 0, 5).wait()
+    trainer.join(timeout=5.0)
+    assert not trainer.is_alive()
+
+
 def test_a_transfer_with_a_live_peer_is_waited_for_and_its_error_raised():
     store = dist.HashStore()
     sender, receiver = _gloo_pair(store)

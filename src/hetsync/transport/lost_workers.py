@@ -12,8 +12,9 @@ store (hetsync.launch.monitor). A worker's protocol learns of them here, two way
   lost. gloo fails a receive from a peer that dies, but a send that was under way may never
   return (a 80 MB send, the receiver killed mid-message: measured with torch 2.13), and
   `Work.wait(timeout)` cannot help: gloo closes the pair when it times out, and a p2p Work is
-  complete only once waited. So each peer's waits run on a thread of its own, and the caller
-  gives up when the launcher declares the peer lost (the thread stays blocked, harmlessly).
+  complete only once waited. So the waits run on a thread of their own (one per peer and
+  calling thread, so that no caller's wait queues behind another's), and the caller gives up
+  when the launcher declares the peer lost (that thread stays blocked, harmlessly).
 
 A peer's process can die before the launcher notices (its connections close at once), so a
 failed transfer always asks; a peer that stops answering is only known from the launcher.
@@ -73,7 +74,7 @@ class LostWorkers:
         """The first exception a subscriber's callback raised."""
         self._told: set[int] = set()  # the ranks the watcher has told its subscribers of
         self._subscribers: list[Callable[[int], None]] = []
-        self._waiters: dict[int, queue.SimpleQueue[_Waited]] = {}
+        self._waiters: dict[tuple[int, int], queue.SimpleQueue[_Waited]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -132,13 +133,15 @@ class LostWorkers:
             raise waited.error
 
     def _waiter(self, rank: int) -> queue.SimpleQueue[_Waited]:
-        """The queue of `rank`'s waiting thread, started on first use."""
+        """The queue of the thread that waits for the calling thread's transfers with `rank`,
+        started on first use."""
+        key = (rank, threading.get_ident())
         with self._lock:
-            if rank not in self._waiters:
-                self._waiters[rank] = queue.SimpleQueue()
-                threading.Thread(target=_wait_each, args=(self._waiters[rank],),
+            if key not in self._waiters:
+                self._waiters[key] = queue.SimpleQueue()
+                threading.Thread(target=_wait_each, args=(self._waiters[key],),
                                  name=f"hetsync-wait-{rank}", daemon=True).start()
-            return self._waiters[rank]
+            return self._waiters[key]
 
     def close(self) -> None:
         """Stop watching, before the store goes: a watcher still reading it while the
@@ -182,7 +185,7 @@ class _Waited:
 
 
 def _wait_each(waits: queue.SimpleQueue[_Waited]) -> None:
-    """A peer's waiting thread: its transfers' waits, in the order they were handed over."""
+    """A waiting thread: its transfers' waits, in the order they were handed over."""
     while True:
         waited = waits.get()
         try:
