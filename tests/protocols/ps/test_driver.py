@@ -157,7 +157,7 @@ def test_a_reply_to_a_worker_that_just_died_neither_deadlocks_nor_misses_its_los
     def closed(*args: object, **kwargs: object) -> None:
         raise RuntimeError("Connection closed by peer")
 
-    monkeypatch.setattr(dist, "send", closed)
+    monkeypatch.setattr(dist, "isend", closed)
     store.set(LOST_KEY, "2")
     sender = threading.Thread(target=server._send, args=([(2, torch.zeros(4))],), daemon=True)
     sender.start()
