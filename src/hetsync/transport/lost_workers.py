@@ -176,7 +176,7 @@ class LostWorkers:
 
 
 class _Waited:
-    """A transfer handed to a peer's waiting thread, and how its wait ended."""
+    """A transfer handed to a waiting thread, and how its wait ended."""
 
     def __init__(self, work: dist.Work) -> None:
         self.work = work
