@@ -138,8 +138,12 @@ class MathModel:
 
     def publish(self, rank: int, tag: int, receivers: int) -> None:
         """Keep a copy of `rank`'s model as sent, tagged `tag`, until each of its `receivers`
-        has dropped it (an update in flight, then in a receiver's queue)."""
-        self.published[rank, tag] = [self.x[rank].clone(), receivers]
+        has dropped it (an update in flight, then in a receiver's queue). Published again
+        while still kept (Hop's deferred update), it is the same message to more receivers."""
+        if (entry := self.published.get((rank, tag))) is not None:
+            entry[1] += receivers
+        else:
+            self.published[rank, tag] = [self.x[rank].clone(), receivers]
 
     def mix(self, rank: int, self_weight: float, weights: Mapping[int, float],
             inputs: Mapping[int, int]) -> None:

@@ -28,6 +28,7 @@ from hetsync.protocols.hop.core import (
     SkipTo,
     StartIteration,
     State,
+    Stopping,
     TokensReceived,
     UpdateReceived,
     Wait,
@@ -197,6 +198,73 @@ def test_a_neighbour_whose_token_channel_ends_first_is_still_waited_for_its_last
     assert core.handle(NeighbourLeft(rank=2)) == []  # its update channel's end marker
 
 
+# --- deferred updates (send_ahead) ---------------------------------------------------------
+def _deferring_tag_2() -> HopCore:
+    """Rank 0 of a pair, `send_ahead` 1: it sent tag 1 and started iteration 2 before rank 1
+    completed iteration 1 (staleness 2 lets it go on with rank 1's tag 1)."""
+    core = ring_core(rank=0, world=2, max_gap=4, staleness=2, send_ahead=1)
+    assert core.handle(ReadyToStart())[-1] == SendUpdate(tag=1, to=(1,))
+    core.handle(UpdateReceived(src=1, tag=1))
+    assert isinstance(core.handle(ComputeFinished(iteration=1))[0], Aggregate)
+    assert core.handle(ReadyToStart()) == [StartIteration(iteration=2)]  # deferred
+    return core
+
+
+def test_an_update_is_deferred_until_the_receiver_completed_the_last_ones_iteration():
+    core = _deferring_tag_2()
+    assert core.handle(TokensReceived(src=1)) == [SendUpdate(tag=2, to=(1,))]
+    assert core.handle(TokensReceived(src=1)) == []  # sent already
+
+
+def test_a_deferred_update_still_goes_once_the_iteration_ended():
+    """Rank 1 of a ring of 3 deferred tag 2 for both neighbours and waits for their tokens:
+    rank 2's token sends it tag 2 at once (rank 2 may be waiting for it); rank 0's lets
+    iteration 3 start, whose update goes to rank 0 only (rank 2 has not completed 2)."""
+    core = ring_core(max_gap=2, staleness=1, send_ahead=1)
+    assert core.handle(ReadyToStart())[-1] == SendUpdate(tag=1, to=(0, 2))
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(UpdateReceived(src=2, tag=1))
+    assert isinstance(core.handle(ComputeFinished(iteration=1))[0], Aggregate)
+    assert core.handle(ReadyToStart())[-1] == StartIteration(iteration=2)
+    assert isinstance(core.handle(ComputeFinished(iteration=2))[0], Aggregate)
+    assert core.handle(ReadyToStart()) == [Wait(iteration=3, tokens=(0, 2))]
+    assert core.handle(TokensReceived(src=2)) == [SendUpdate(tag=2, to=(2,)),
+                                                  Wait(iteration=3, tokens=(0,))]
+    assert core.handle(TokensReceived(src=0))[-2:] == [StartIteration(iteration=3),
+                                                       SendUpdate(tag=3, to=(0,))]
+
+
+def test_a_stopping_worker_sends_its_deferred_update():
+    """Its receivers infer the last tag it sent from its tokens: that update must come."""
+    core = _deferring_tag_2()
+    assert isinstance(core.handle(ComputeFinished(iteration=2))[0], Aggregate)
+    assert core.handle(Stopping()) == [SendUpdate(tag=2, to=(1,))]
+    assert core.handle(Stopping()) == []
+
+
+def test_without_send_ahead_every_update_goes():
+    core = ring_core(rank=0, world=2, max_gap=4, staleness=2)
+    for k in (1, 2, 3):
+        assert core.handle(ReadyToStart())[-1] == SendUpdate(tag=k, to=(1,))
+        core.handle(UpdateReceived(src=1, tag=1)) if k == 1 else None
+        core.handle(ComputeFinished(iteration=k))
+
+
+def test_with_deferred_updates_a_slow_worker_skips_as_far_as_the_tokens_show():
+    """Rank 1 holds rank 0's tag 2 only (3 to 5 were deferred), but rank 0's tokens show it
+    completed 5: rank 1 skips to 6, not to 3."""
+    core = ring_core(rank=1, world=2, max_gap=8, staleness=2, skip=True, send_ahead=1)
+    core.handle(ReadyToStart())
+    core.handle(UpdateReceived(src=0, tag=1))
+    core.handle(UpdateReceived(src=0, tag=2))
+    core.handle(TokensReceived(src=0, count=5))
+    core.handle(ComputeFinished(iteration=1))
+    decisions = core.handle(ReadyToStart())
+    assert decisions[0] == SkipTo(skipped_from=2, iteration=6, inputs={0: 2}, self_weight=HALF,
+                                  weights={0: HALF})
+    assert decisions[-1] == SendUpdate(tag=6, to=(0,))
+
+
 @pytest.mark.parametrize(
     ("events", "error", "match"),
     [
@@ -220,7 +288,8 @@ def test_misuse_and_broken_invariants_raise_and_leave_the_core_in_error(
 @pytest.mark.parametrize(
     ("options", "match"),
     [({"max_gap": 2, "staleness": 2}, "max_gap"), ({"mode": "notify-ack", "backup": 1}, "notify"),
-     ({"mode": "gossip"}, "mode"), ({"skip_threshold": 0}, "skip_threshold")],
+     ({"mode": "gossip"}, "mode"), ({"skip_threshold": 0}, "skip_threshold"),
+     ({"send_ahead": -1}, "send_ahead"), ({"mode": "notify-ack", "send_ahead": 1}, "notify")],
 )
 def test_bad_options_are_named(options, match):
     with pytest.raises(ValueError, match=match):
@@ -291,6 +360,7 @@ class Network:
     def _ready(self, rank: int) -> None:
         w = self.workers[rank]
         if w.core.completed >= self.iterations:
+            self._feed(rank, Stopping())
             w.done = True
             for j in self.topology.out_peers(rank):
                 self.updates[rank, j].append(NeighbourLeft(rank=rank))
@@ -308,7 +378,7 @@ class Network:
         w = self.workers[rank]
         for decision in w.core.handle(event):
             if isinstance(decision, SendUpdate):
-                assert decision.tag == w.core.iteration
+                assert decision.tag == w.core.update_tag <= Network._started(w.core)
                 for j in decision.to:
                     self.updates[rank, j].append(UpdateReceived(src=rank, tag=decision.tag))
             elif isinstance(decision, ReturnTokens):
@@ -365,6 +435,8 @@ configs = st.one_of(
               backup=st.integers(0, 2)),
     st.builds(HopConfig, max_gap=st.integers(2, 6), backup=st.integers(0, 2),
               staleness=st.integers(0, 1), skip=st.just(True), skip_threshold=st.integers(1, 2)),
+    st.builds(HopConfig, max_gap=st.integers(2, 6), backup=st.integers(0, 2),
+              staleness=st.integers(0, 1), skip=st.booleans(), send_ahead=st.integers(1, 2)),
 )
 named = st.sampled_from([("ring", 4), ("ring", 5), ("directed-ring", 4), ("complete", 4),
                          ("torus", 9), ("exponential", 6), ("exponential", 8)])
@@ -400,7 +472,7 @@ def test_random_orders_keep_every_invariant_and_everyone_finishes(config, topolo
     net.run()
     for w in net.workers.values():
         assert w.core.completed >= 25
-        if not (config.backup or config.staleness or config.skip):
+        if not (config.backup or config.staleness or config.skip or config.send_ahead):
             assert all(set(a.inputs.values()) == {a.iteration} for a in w.aggregates)
 
 

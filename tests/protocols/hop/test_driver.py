@@ -102,6 +102,20 @@ def test_a_persistently_slow_worker_skips_and_no_longer_holds_back_the_ring(trai
     assert min(fast) > 2.5 * len(rows) and min(fast) > len(rows) + 6
 
 
+def test_deferred_updates_spare_a_slow_receiver_and_every_worker_still_stops(train_run):
+    """`--send-ahead 1`: the fast worker sends the 6x slow one about one update per iteration
+    it completes (a finish and a skip each return tokens: at most two), not one per its own
+    iteration; the run ends cleanly (a deferred last update goes before the end marker)."""
+    result = train_run(protocol="hop", workers=2, max_time=4, step_time=10.0, staleness=3,
+                       max_gap=4, skip=True, send_ahead=1, stop_at_target=False,
+                       slowdown="deterministic:ranks=1,factor=6", eval_every=60)
+    check_invariants_from_logs(result.run_dir, RunConfig.read(result.run_dir / "config.json"))
+    fast, slow = _rows(result.run_dir, 0), _rows(result.run_dir, 1)
+    updates = sum(r["bytes_sent"] > 1000 for r in fast)  # a token message is 8 bytes
+    assert any(r.get("skipped") for r in slow)
+    assert updates <= 2 * len(slow) + 2 and 2 * updates < len(fast), (updates, len(slow))
+
+
 @pytest.mark.skipif(not HAS_FASHION, reason="Fashion-MNIST not installed (make setup)")
 @pytest.mark.slow  # CI time: the zero-lr, invariant and lost-worker runs train too
 @pytest.mark.parametrize("workload", ["svm", "cnn"])

@@ -31,9 +31,11 @@ still awaited.
 
 Iteration skipping (`skip`): before starting its next iteration k, a worker jumps to the
 iteration k' its in-neighbours' newest updates reach, if k' >= k + `skip_threshold`, capped by
-the tokens it holds. It merges their newest models, returns the k' - k skipped iterations'
-tokens at once and sends its merged model tagged k'. Its out-neighbours accept the missing tags
-by the rule above. Two refinements keep one slow worker from holding back the rest:
+the tokens it holds. It merges their newest models (except one it has averaged in already:
+that would only pull it closer to the same model, at the cost of a pass over it), returns the
+k' - k skipped iterations' tokens at once and sends its merged model tagged k'. Its
+out-neighbours accept the missing tags by the rule above. Two refinements keep one slow
+worker from holding back the rest:
 - an update tagged t from j reaches t + 1 where j also sends tokens to this worker and they
   show that j has completed t: j then waits for this worker's tokens, so its x_{t+1} cannot
   come yet, and stopping at t would return only max_gap - 1 tokens per slow iteration;
@@ -41,6 +43,21 @@ by the rule above. Two refinements keep one slow worker from holding back the re
   has not got ahead of it since: it holds at most max_gap of its tokens) does not skip. It lags
   its other neighbours because of the tokens, not its speed, so skipping would spend the few
   tokens it gets without computing, and its own in-neighbours would then skip in turn.
+
+Deferred updates (`send_ahead` a > 0, an option of this implementation; the paper sends every
+update). A receiver several iterations behind uses at most one of the updates that arrive
+while it computes (the freshest in its window, or the newest when it skips) and drops the
+rest, yet it takes every one in: on a slow worker that costs real CPU (a 45 MB model a step),
+and its sender waits for each transfer. So a sender defers its update to j while the last one
+it sent j is a or more iterations beyond those j's tokens show it completed (with a = 1: until
+j completed that update's iteration, so a slow receiver gets one update a step). The deferred
+update goes as soon as j's tokens show it caught up, and when the worker stops (before its
+end marker: a neighbour takes the last tag it sent from its tokens). It is the message first
+sent with its tag, or where none was, the model as it is then: the model the tag names while
+the iteration runs, a newer one once it ended (the worker waits for tokens). A receiver that
+skips reads how far j got from j's tokens: its updates in between were withheld, not lost. A
+receiver never waits long on a deferred update: deferral needs an update beyond its iteration
+already sent, and its next tokens release the next.
 
 `mode="notify-ack"` is the design Hop improves on: one update in flight per edge, released by
 the receiver's acknowledgement once it has consumed it. Here that is a token queue of size 1
@@ -80,6 +97,7 @@ __all__ = [
     "SkipTo",
     "StartIteration",
     "State",
+    "Stopping",
     "TokensReceived",
     "UpdateReceived",
     "Wait",
@@ -99,19 +117,23 @@ class HopConfig:
     staleness: int = 0
     skip: bool = False
     skip_threshold: int = 1
+    send_ahead: int = 0
     mode: str = "queues"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"Arg `mode` must be one of {MODES} (got {self.mode!r})")
-        if self.max_gap < 1 or self.backup < 0 or self.staleness < 0 or self.skip_threshold < 1:
+        if (self.max_gap < 1 or self.backup < 0 or self.staleness < 0 or self.skip_threshold < 1
+                or self.send_ahead < 0):
             raise ValueError(f"Args must be max_gap >= 1, backup >= 0, staleness >= 0, "
-                             f"skip_threshold >= 1 (got {self})")
+                             f"skip_threshold >= 1, send_ahead >= 0 (got {self})")
         if self.max_gap <= self.staleness:
             raise ValueError(f"Arg `max_gap` must be > staleness {self.staleness} so that an "
                              f"update fresh enough can always be sent (got {self.max_gap})")
-        if self.mode == "notify-ack" and (self.backup or self.staleness or self.skip):
-            raise ValueError("notify-ack cannot express backup workers, staleness or skipping")
+        if self.mode == "notify-ack" and (self.backup or self.staleness or self.skip
+                                          or self.send_ahead):
+            raise ValueError("notify-ack cannot express backup workers, staleness, skipping "
+                             "or deferred updates")
 
     @property
     def tokens(self) -> int:
@@ -145,6 +167,12 @@ class TokensReceived:
 
 
 @dataclass(**_frozen)
+class Stopping:
+    """The worker stops (after its last iteration, or where its loop ended): its deferred
+    update goes now."""
+
+
+@dataclass(**_frozen)
 class NeighbourLeft:
     """`rank` stopped: it sends no more updates and takes no more tokens."""
 
@@ -160,7 +188,7 @@ class NeighbourLost:
 
 
 Event = (ReadyToStart | ComputeFinished | UpdateReceived | TokensReceived | NeighbourLeft
-         | NeighbourLost)
+         | NeighbourLost | Stopping)
 
 
 # --- decisions out -----------------------------------------------------------------------------
@@ -188,7 +216,8 @@ class StartIteration:
 
 @dataclass(**_frozen)
 class SendUpdate:
-    """Send the current model tagged `tag` to ranks `to`."""
+    """Send the current model tagged `tag` to ranks `to`; where `tag` was sent already, send
+    the same message (a deferred update: module doc)."""
 
     tag: int
     to: tuple[int, ...]
@@ -320,6 +349,10 @@ class HopCore(Core[Event, Decision]):
         self.left: set[int] = set()
         self.last_tag: dict[int, int] = {}  # a left in-neighbour's last update, as its tokens show
         self.held_back_by: set[int] = set()
+        self.averaged: dict[int, int] = {}  # the tag of j's last update averaged in
+        self.last_sent = {j: 0 for j in self.out_peers}  # the tag each was sent last
+        self.update_tag = 0  # this worker's newest update, sent or deferred
+        self.deferred: set[int] = set()  # the out-neighbours it is deferred for
 
     # --- the one mutating entry point -----------------------------------------------------
     @property
@@ -347,13 +380,20 @@ class HopCore(Core[Event, Decision]):
                 self._leaving(event.rank)
             if isinstance(event, NeighbourLost):
                 self.last_tag.pop(event.rank, None)
+        elif isinstance(event, Stopping):  # in any state: a loop may end mid-iteration
+            return self._release(every=True)
         else:
             raise LocalProtocolError(f"rank {self.rank}: unknown event {event!r}")
         if self.state is State.STARTING:
-            return self._try_start()
+            decisions = self._try_start()
+            if self.state is State.STARTING:  # blocked on tokens: deferred updates may go
+                return [*self._release(), *decisions]
+            return decisions
         if self.state is State.COLLECTING:
-            return self._try_finish()
-        return self._prune()
+            return [*self._release(), *self._try_finish()]
+        if self.state is State.COMPUTING:
+            return [*self._release(), *self._prune()]
+        return self._prune()  # IDLE: the next start sends a fresher update anyway
 
     def _expect(self, state: State, event: Event) -> None:
         if self.state is not state:
@@ -368,10 +408,9 @@ class HopCore(Core[Event, Decision]):
         last. An end marker on the update channel comes after every update, and the tokens
         then undercount, which is harmless."""
         if j in self.held and j in self.tokens:
-            running = self.state in (State.COMPUTING, State.COLLECTING)
-            started = self.iteration if running else self.iteration - 1
-            self.last_tag[j] = self.tokens[j] + started - self.config.tokens
+            self.last_tag[j] = self._completed_by(j)
         self.left.add(j)
+        self.deferred.discard(j)
 
     def _may_send(self, j: int) -> bool:
         """Whether in-neighbour j may still send an update (module doc)."""
@@ -420,8 +459,37 @@ class HopCore(Core[Event, Decision]):
         for j in live_out:
             self.tokens[j] -= 1 + skipped
         self.state = State.COMPUTING
-        return [*decisions, *self._prune(), StartIteration(iteration=self.iteration),
-                SendUpdate(tag=self.iteration, to=live_out)]
+        self.deferred = {j for j in live_out if not self._admits(j)}
+        self.update_tag = self.iteration
+        decisions += [*self._prune(), StartIteration(iteration=self.iteration)]
+        return decisions + self._send(tuple(j for j in live_out if j not in self.deferred))
+
+    def _admits(self, j: int) -> bool:
+        """Whether out-neighbour j may be sent an update now: its tokens show it less than
+        `send_ahead` iterations short of the last one sent to it (module doc)."""
+        return (not self.config.send_ahead
+                or self.last_sent[j] - self._completed_by(j) < self.config.send_ahead)
+
+    def _completed_by(self, j: int) -> int:
+        """The iterations out-neighbour j completed, as its tokens show (less those in
+        flight): held = max_gap + completed by j - started here."""
+        running = self.state in (State.COMPUTING, State.COLLECTING)
+        started = self.iteration if running else self.iteration - 1
+        return self.tokens[j] + started - self.config.tokens
+
+    def _send(self, to: tuple[int, ...]) -> list[Decision]:
+        if not to:
+            return []
+        for j in to:
+            self.last_sent[j] = self.update_tag
+        return [SendUpdate(tag=self.update_tag, to=to)]
+
+    def _release(self, *, every: bool = False) -> list[Decision]:
+        """Send the deferred update to the out-neighbours that caught up (`every`: to all)."""
+        due = tuple(j for j in self._live_out() if j in self.deferred
+                    and (every or self._admits(j)))
+        self.deferred.difference_update(due)
+        return self._send(due)
 
     def _skip_distance(self, live_out: tuple[int, ...]) -> int:
         """Iterations to skip now (0: none): up to where the in-neighbours' newest updates
@@ -429,18 +497,26 @@ class HopCore(Core[Event, Decision]):
         if not self.config.skip or not self.in_peers or self.held_back_by.intersection(live_out):
             return 0
         budget = min((self.tokens[j] for j in live_out), default=math.inf)
-        reach = max(self.newest[j] + self._completed_newest(j, live_out) for j in self.in_peers)
+        reach = max(self._reach(j, live_out) for j in self.in_peers)
         distance = int(min(reach, self.iteration - 1 + budget) - self.iteration)
         return distance if distance >= self.config.skip_threshold else 0
 
-    def _completed_newest(self, j: int, live_out: tuple[int, ...]) -> bool:
-        """Whether j's tokens show it completed its newest tag: held + started = max_gap +
-        completed by j, less the tokens in flight."""
-        started = self.iteration - 1
-        return j in live_out and self.tokens[j] + started - self.config.tokens >= self.newest[j]
+    def _reach(self, j: int, live_out: tuple[int, ...]) -> int:
+        """The iteration in-neighbour j's updates reach (module doc): its newest tag t, or
+        t + 1 where j also takes this worker's tokens and they show it completed t. With
+        deferred updates, as far as those tokens show j got: its updates in between were
+        withheld, not lost on the way."""
+        if j not in live_out:
+            return self.newest[j]
+        completed = self._completed_by(j)
+        if self.config.send_ahead:
+            return max(self.newest[j], completed + 1)
+        return self.newest[j] + (completed >= self.newest[j])
 
     def _skip(self, skipped: int) -> list[Decision]:
-        inputs = {j: self.held[j][-1] for j in self.in_peers if self.held[j]}
+        inputs = {j: self.held[j][-1] for j in self.in_peers
+                  if self.held[j] and self.held[j][-1] != self.averaged.get(j)}
+        self.averaged.update(inputs)
         self_weight, weights = self._renormalised(inputs)
         start = self.iteration
         self.iteration += skipped
@@ -471,6 +547,7 @@ class HopCore(Core[Event, Decision]):
             return [*self._prune(), Wait(iteration=k, updates=missing)]
         self_weight, weights = self._renormalised(inputs)
         live_in = tuple(j for j in self.in_peers if j not in self.left)
+        self.averaged.update(inputs)
         self.completed = k
         self.iteration = k + 1
         self.state = State.IDLE

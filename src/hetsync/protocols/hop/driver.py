@@ -57,6 +57,7 @@ from hetsync.protocols.hop.core import (
     SendUpdate,
     SkipTo,
     StartIteration,
+    Stopping,
     TokensReceived,
     UpdateReceived,
     Wait,
@@ -95,6 +96,7 @@ class Hop(Protocol):
         # Model-sized buffers, reused step after step (a new one is fresh pages to fault in):
         self._spare: list[torch.Tensor] = []  # receive buffers of updates the core dropped
         self._update_out: torch.Tensor | None = None  # this worker's update, once sent
+        self._update_tag = 0  # the tag `_update_out` holds
         self._average_out: torch.Tensor | None = None
         self._running = False
         self._stopped = False
@@ -190,11 +192,19 @@ class Hop(Protocol):
         self._step.extra["tag"] = decision.iteration
 
     def on_send_update(self, decision: SendUpdate) -> None:
-        with self._step.blocking():
-            self._wait_sends()  # the last update's: long done unless a peer is stuck
-        self._update_out = self.link.pack(
-            self._frames[_UPDATE_TAG], UpdateHeader(decision.tag, self._stamp()).encode(),
-            self.tensors, out=self._update_out)
+        again = decision.tag == self._update_tag  # a deferred update: the message as first sent
+        if not again or self.network is not None:
+            with self._step.blocking():
+                self._wait_sends()  # the last update's: long done unless a peer is stuck
+        header = UpdateHeader(decision.tag, self._stamp()).encode()
+        if again:
+            if self.network is not None:  # charged from when it goes
+                self._frames[_UPDATE_TAG].write_header(self._update_out, header)
+        else:
+            self._update_out = self.link.pack(self._frames[_UPDATE_TAG], header, self.tensors,
+                                              out=self._update_out)
+            self._update_tag = decision.tag
+        assert self._update_out is not None
         self._send(self._update_out, decision.to, _UPDATE_TAG, self._step)
 
     def on_aggregate(self, decision: Aggregate) -> None:
@@ -239,6 +249,8 @@ class Hop(Protocol):
     def _average(
         self, inputs: Mapping[int, int], self_weight: float, weights: Mapping[int, float]
     ) -> None:
+        if not inputs:  # a skip with nothing new to merge
+            return
         frame = self._frames[_UPDATE_TAG]
         self._average_out = self.link.mix_into(
             self.tensors, self_weight,
@@ -314,7 +326,9 @@ class Hop(Protocol):
             self.network.occupy(point_to_point(src, me, buffer.numel() * buffer.element_size()))
 
     def close(self) -> None:
-        """End this worker's channels, then wait until every neighbour has ended its own."""
+        """Send the deferred update, end this worker's channels, then wait until every
+        neighbour has ended its own."""
+        self._execute(self.core.handle(Stopping()), self._step)
         self._wait_sends()
         end = self.link.pack(self._frames[_UPDATE_TAG], UpdateHeader(None, self._stamp()).encode(),
                              self.tensors)

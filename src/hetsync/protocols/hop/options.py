@@ -31,13 +31,17 @@ class Options:
                         "newest iteration")
     skip_threshold: int = option(_HOP.skip_threshold, at_least=1, help="Hop: skip only when at "
                                  "least this many iterations would be skipped")
+    send_ahead: int = option(_HOP.send_ahead, at_least=0, help="Hop: defer an update to a "
+                             "receiver this many iterations short of the last one it was sent "
+                             "(0: send every update, as the paper)")
     hop_mode: str = option(_HOP.mode, choices=MODES, help="Hop: queues (token and update "
                            "queues) or notify-ack (for comparison)")
 
     def hop_config(self) -> HopConfig:
         """The core's configuration."""
         return HopConfig(max_gap=self.max_gap, backup=self.backup, staleness=self.staleness,
-                         skip=self.skip, skip_threshold=self.skip_threshold, mode=self.hop_mode)
+                         skip=self.skip, skip_threshold=self.skip_threshold,
+                         send_ahead=self.send_ahead, mode=self.hop_mode)
 
 
 def check(config: RunOptions) -> None:
@@ -46,9 +50,10 @@ def check(config: RunOptions) -> None:
     if topology.dynamic:
         raise ConfigError(f"hop needs a fixed graph; --topology {config.topology} changes "
                           "every iteration")
-    if config.hop_mode == "notify-ack" and (config.backup or config.staleness or config.skip):
-        raise ConfigError("--hop-mode notify-ack cannot express --backup, --staleness or "
-                          "--skip (that is the point of Hop's queues)")
+    if config.hop_mode == "notify-ack" and (config.backup or config.staleness or config.skip
+                                            or config.send_ahead):
+        raise ConfigError("--hop-mode notify-ack cannot express --backup, --staleness, --skip "
+                          "or --send-ahead (that is the point of Hop's queues)")
     if config.hop_mode == "queues" and config.max_gap <= config.staleness:
         raise ConfigError(f"--max-gap must be > --staleness {config.staleness} (got "
                           f"{config.max_gap}): a fresh enough update must be sendable")

@@ -25,6 +25,7 @@ from hetsync.protocols.hop.core import (
     SendUpdate,
     SkipTo,
     StartIteration,
+    Stopping,
     TokensReceived,
     UpdateReceived,
     Wait,
@@ -128,6 +129,8 @@ class HopWorker(SimWorker):
         return False
 
     def _leave(self) -> None:
+        for decision in self.core.handle(Stopping()):
+            dispatch(decision, self)
         event = NeighbourLeft(rank=self.rank)
         for peer in self.neighbours:
             self.sim.control(self.rank, peer, self.peers[peer].receive, event)
