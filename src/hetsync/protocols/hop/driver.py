@@ -57,6 +57,7 @@ from hetsync.protocols.hop.core import (
     SendUpdate,
     SkipTo,
     StartIteration,
+    State,
     Stopping,
     TokensReceived,
     UpdateReceived,
@@ -328,7 +329,8 @@ class Hop(Protocol):
     def close(self) -> None:
         """Send the deferred update, end this worker's channels, then wait until every
         neighbour has ended its own."""
-        self._execute(self.core.handle(Stopping()), self._step)
+        if self.core.state is not State.ERROR:  # else the error that broke it is raised
+            self._execute(self.core.handle(Stopping()), self._step)
         self._wait_sends()
         end = self.link.pack(self._frames[_UPDATE_TAG], UpdateHeader(None, self._stamp()).encode(),
                              self.tensors)

@@ -20,7 +20,8 @@ VARIANTS = (
     # takes in only the updates it uses (deferred updates, docs/hop-prague.md).
     NamedVariant("hop-stale-skip", {"staleness": 12, "max_gap": 16, "skip": True,
                                     "send_ahead": 1},
-                 "hop, staleness 12, skipping, deferred updates (no backup worker needed)"),
+                 "hop, staleness 12, skipping, deferred updates (no backup worker needed)",
+                 fault_fuzz=True),
     # The fuzzers' name for hop-skip (the fault fuzz's replays draw by label).
     NamedVariant("hop-backup1-skip", _SKIP, fault_fuzz=True, bench=False),
     # Staleness with a tight gap: the fuzz checks both bounds where they bind.
