@@ -109,7 +109,7 @@ def test_busy_loops_that_cannot_start_undo_the_quota_and_the_pinning(monkeypatch
     # A step longer than the quota's throttled spells (75 ms of each 100 ms): with digits'
     # few-ms steps rank 1 stops for dozens of rank 0's steps at a time, more than staleness 12.
     {"protocol": "hop", "staleness": 12, "max_gap": 16, "skip": True, "send_ahead": 1,
-     "workload": "resnet"},
+     "average_once": True, "workload": "resnet"},
 ], ids=["adpsgd", "hop-stale-skip"])
 def test_a_quarter_core_straggler_completes_at_most_0_4_of_the_iterations(options, train_run):
     """Real compute, no emulated step time: rank 1, capped at a quarter of its core, falls

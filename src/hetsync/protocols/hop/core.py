@@ -29,6 +29,12 @@ still in flight on the other; so where it also takes this worker's tokens, those
 its end marker) show the iterations it completed, hence its last tag, and that update is
 still awaited.
 
+With `average_once` (ours; the paper's reading is unclear), an update is averaged in once:
+an iteration whose update from j is the one it already averaged in (staleness lets it reuse
+it) goes on without j, with the weights renormalised as for a backup worker. Reused, a stale
+model is averaged in every iteration until a newer one comes, which drags a fast worker back
+toward a slow neighbour's old model (half of it each iteration on a ring of 2).
+
 Iteration skipping (`skip`): before starting its next iteration k, a worker jumps to the
 iteration k' its in-neighbours' newest updates reach, if k' >= k + `skip_threshold`, capped by
 the tokens it holds. It merges their newest models (except one it has averaged in already:
@@ -118,6 +124,7 @@ class HopConfig:
     skip: bool = False
     skip_threshold: int = 1
     send_ahead: int = 0
+    average_once: bool = False
     mode: str = "queues"
 
     def __post_init__(self) -> None:
@@ -545,6 +552,8 @@ class HopCore(Core[Event, Decision]):
             low = k - self.config.staleness
             missing = {j: low for j in self.in_peers if j not in inputs and self._may_send(j)}
             return [*self._prune(), Wait(iteration=k, updates=missing)]
+        if self.config.average_once:
+            inputs = {j: tag for j, tag in inputs.items() if tag != self.averaged.get(j)}
         self_weight, weights = self._renormalised(inputs)
         live_in = tuple(j for j in self.in_peers if j not in self.left)
         self.averaged.update(inputs)

@@ -34,6 +34,9 @@ class Options:
     send_ahead: int = option(_HOP.send_ahead, at_least=0, help="Hop: defer an update to a "
                              "receiver this many iterations short of the last one it was sent "
                              "(0: send every update, as the paper)")
+    average_once: bool = option(_HOP.average_once, help="Hop: average each update in once; "
+                                "an iteration with nothing new from an in-neighbour goes on "
+                                "without it (default: reuse its last update within --staleness)")
     hop_mode: str = option(_HOP.mode, choices=MODES, help="Hop: queues (token and update "
                            "queues) or notify-ack (for comparison)")
 
@@ -41,7 +44,8 @@ class Options:
         """The core's configuration."""
         return HopConfig(max_gap=self.max_gap, backup=self.backup, staleness=self.staleness,
                          skip=self.skip, skip_threshold=self.skip_threshold,
-                         send_ahead=self.send_ahead, mode=self.hop_mode)
+                         send_ahead=self.send_ahead, average_once=self.average_once,
+                         mode=self.hop_mode)
 
 
 def check(config: RunOptions) -> None:
