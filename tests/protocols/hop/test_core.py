@@ -215,6 +215,27 @@ def test_average_once_goes_on_without_an_update_it_already_averaged_in():
         assert core.handle(ComputeFinished(iteration=3))[0].inputs == {1: 3}
 
 
+def test_average_once_starts_without_waiting_for_the_first_staleness_iterations():
+    """Every worker starts from the same model, which counts as each in-neighbour's update
+    tagged 0, averaged in already: with `average_once` and staleness 2, iterations 1 and 2 go
+    on alone (a slow neighbour's first update takes a while); iteration 3 needs tag >= 1.
+    Without it, the first iteration waits for tag 1, as the paper's Hop does."""
+    core = ring_core(rank=0, world=2, max_gap=4, staleness=2)
+    core.handle(ReadyToStart())
+    assert core.handle(ComputeFinished(iteration=1)) == [Wait(iteration=1, updates={1: -1})]
+    core = ring_core(rank=0, world=2, max_gap=4, staleness=2, average_once=True)
+    for k in (1, 2):
+        core.handle(ReadyToStart())
+        assert core.handle(ComputeFinished(iteration=k)) == [
+            Aggregate(iteration=k, inputs={}, self_weight=1.0, weights={}),
+            ReturnTokens(to=(1,), count=1)]
+    core.handle(ReadyToStart())
+    assert core.handle(ComputeFinished(iteration=3)) == [Wait(iteration=3, updates={1: 1})]
+    aggregate = core.handle(UpdateReceived(src=1, tag=1))[0]
+    assert aggregate == Aggregate(iteration=3, inputs={1: 1}, self_weight=HALF,
+                                  weights={1: HALF})
+
+
 # --- deferred updates (send_ahead) ---------------------------------------------------------
 def _deferring_tag_2() -> HopCore:
     """Rank 0 of a pair, `send_ahead` 1: it sent tag 1 and started iteration 2 before rank 1

@@ -33,7 +33,10 @@ With `average_once` (ours; the paper's reading is unclear), an update is average
 an iteration whose update from j is the one it already averaged in (staleness lets it reuse
 it) goes on without j, with the weights renormalised as for a backup worker. Reused, a stale
 model is averaged in every iteration until a newer one comes, which drags a fast worker back
-toward a slow neighbour's old model (half of it each iteration on a ring of 2).
+toward a slow neighbour's old model (half of it each iteration on a ring of 2). Every worker
+starts from the same model, which counts as each in-neighbour's update tagged 0, averaged in
+already: so iterations 1 to s wait for nobody (a slow neighbour's first step, with its
+warm-up, is its slowest), and iteration s + 1 needs j's tag 1 or later.
 
 Iteration skipping (`skip`): before starting its next iteration k, a worker jumps to the
 iteration k' its in-neighbours' newest updates reach, if k' >= k + `skip_threshold`, capped by
@@ -356,7 +359,8 @@ class HopCore(Core[Event, Decision]):
         self.left: set[int] = set()
         self.last_tag: dict[int, int] = {}  # a left in-neighbour's last update, as its tokens show
         self.held_back_by: set[int] = set()
-        self.averaged: dict[int, int] = {}  # the tag of j's last update averaged in
+        # The tag of j's last update averaged in: every worker starts from the same model.
+        self.averaged = dict.fromkeys(self.in_peers, 0)
         self.last_sent = {j: 0 for j in self.out_peers}  # the tag each was sent last
         self.update_tag = 0  # this worker's newest update, sent or deferred
         self.deferred: set[int] = set()  # the out-neighbours it is deferred for
@@ -522,7 +526,7 @@ class HopCore(Core[Event, Decision]):
 
     def _skip(self, skipped: int) -> list[Decision]:
         inputs = {j: self.held[j][-1] for j in self.in_peers
-                  if self.held[j] and self.held[j][-1] != self.averaged.get(j)}
+                  if self.held[j] and self.held[j][-1] != self.averaged[j]}
         self.averaged.update(inputs)
         self_weight, weights = self._renormalised(inputs)
         start = self.iteration
@@ -541,7 +545,11 @@ class HopCore(Core[Event, Decision]):
         if in_window:
             return in_window[-1]
         later = [t for t in tags if t > k]
-        return later[0] if later else None
+        if later:
+            return later[0]
+        if self.config.average_once and k <= self.config.staleness:
+            return 0  # the common initial model, averaged in from the start (module doc)
+        return None
 
     def _try_finish(self) -> list[Decision]:
         k = self.iteration
@@ -553,7 +561,7 @@ class HopCore(Core[Event, Decision]):
             missing = {j: low for j in self.in_peers if j not in inputs and self._may_send(j)}
             return [*self._prune(), Wait(iteration=k, updates=missing)]
         if self.config.average_once:
-            inputs = {j: tag for j, tag in inputs.items() if tag != self.averaged.get(j)}
+            inputs = {j: tag for j, tag in inputs.items() if tag not in (0, self.averaged[j])}
         self_weight, weights = self._renormalised(inputs)
         live_in = tuple(j for j in self.in_peers if j not in self.left)
         self.averaged.update(inputs)
