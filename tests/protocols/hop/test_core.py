@@ -435,9 +435,10 @@ class Network:
         total = aggregate.self_weight + sum(aggregate.weights.values())
         assert total == pytest.approx(1.0)
         alive = [j for j in w.core.in_peers if j not in w.core.left]
-        if not self.config.average_once:  # else an update already averaged in is left out
-            assert len(aggregate.inputs) >= min(len(alive),
-                                                len(w.core.in_peers) - self.config.backup)
+        resolved = set(aggregate.inputs)
+        if self.config.average_once:  # an update in the window averaged in already resolves j
+            resolved |= {j for j in w.core.in_peers if w.core.averaged[j] >= k - s}
+        assert len(resolved) >= min(len(alive), len(w.core.in_peers) - self.config.backup)
 
     @staticmethod
     def _started(core: HopCore) -> int:
