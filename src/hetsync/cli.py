@@ -235,8 +235,10 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     bench.add_argument("--suite", choices=list(SUITES),
                        help=f"which suite (default: {defaults.suite})")
     bench.add_argument("--out", type=Path, help="suite folder (default: runs/bench-SUITE)")
-    bench.add_argument("--workload", help="cnn or svm (or another built-in) (default: "
-                       f"{defaults.workload}, or digits where Fashion-MNIST is not installed)")
+    bench.add_argument("--workload", help="cnn or svm (or another built-in); in a suite whose "
+                       "settings name their workloads (real, real-small), only its settings "
+                       f"of this one (default: {defaults.workload}, or digits where "
+                       "Fashion-MNIST is not installed; a real suite: all of its own)")
     bench.add_argument("--repeats", type=int, help="runs per protocol and setting, with "
                        "seeds SEED..SEED+R-1, run in rounds (every run once, then again); the "
                        f"median is reported (default: {defaults.repeats})")
@@ -281,9 +283,12 @@ def _bench(args: argparse.Namespace) -> int:
         options = dataclasses.replace(recorded, **given)
     else:
         options = BenchOptions(**given)
+        suite = get_suite(options.suite)
         if "workload" not in given:
-            made_for = get_suite(options.suite).workload
-            options = dataclasses.replace(options, workload=made_for or _default_workload())
+            options = dataclasses.replace(options,
+                                          workload=suite.workload or _default_workload())
+        elif suite.own_workloads:
+            suite.of_workload(options.workload)  # refuses a workload the suite does not run
     bench(options, out, resume=args.resume)
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -80,3 +81,23 @@ def test_resume_redoes_only_the_unfinished_run(suite_dir, capsys):
     assert output.count("] ") == 1  # one run started
     assert (interrupted / "summary.json").is_file()
     assert before == {run: (run / "summary.json").stat().st_mtime_ns for run in before}
+
+
+def test_an_interrupted_suite_writes_the_results_of_its_finished_runs(suite_dir, tmp_path,
+                                                                      monkeypatch, capsys):
+    """Ctrl-C, SIGTERM or a lease's time limit during a run: the finished runs' tables are
+    written before the bench stops (a lent GPU machine's output is what it wrote)."""
+    out = tmp_path / "copy"
+    shutil.copytree(suite_dir, out)
+    for name in ("results.json", "results.md"):
+        (out / name).unlink()
+    (sorted(out.glob("runs/*/*/r0"))[2] / "summary.json").unlink()
+
+    def interrupted(config):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("hetsync.bench.runner.launch", interrupted)
+    assert main(["bench", "--out", str(out), "--resume"]) == 130
+    results = json.loads((out / "results.json").read_text())
+    assert (results["runs_done"], results["runs_total"]) == (7, 8)
+    assert "finished runs are kept" in capsys.readouterr().err

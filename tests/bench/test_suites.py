@@ -16,6 +16,7 @@ from hetsync.bench.suites import (
     describe_suites,
     get_suite,
 )
+from hetsync.cli import main
 from hetsync.errors import ConfigError
 from hetsync.protocols.registry import available_protocols
 from hetsync.workloads import get_workload
@@ -138,3 +139,23 @@ def test_variants_refuses_a_label_the_suite_does_not_run():
     with pytest.raises(ConfigError, match=r"--variants: hop-skip not in suite real-small \(its "
                        r"variants: .*allreduce"):
         BenchOptions(suite="real-small", variants="hop-skip,allreduce").check()
+
+
+def test_workload_keeps_a_real_suites_settings_of_that_workload(tmp_path):
+    """`--workload` on a suite whose settings name their workloads: that workload's settings,
+    its solo references among them, and nothing of the other."""
+    options = BenchOptions(suite="real", workload="mlp-wide", variants="hop-stale-skip")
+    runs = plan(options.chosen_suite(), options, tmp_path)
+    assert {r.config.workload for r in runs} == {"mlp-wide"}
+    assert {r.variant.label for r in runs} == {"solo", "hop-stale-skip"}
+    assert sum(r.setting.reference for r in runs) == 2
+    assert len(plan(BenchOptions(suite="real").chosen_suite(), BenchOptions(suite="real"),
+                    tmp_path)) == 44  # a workload that is not its own leaves the suite whole
+
+
+def test_workload_the_real_suite_does_not_run_is_refused_in_one_line(capsys):
+    assert main(["bench", "--suite", "real", "--workload", "cnn", "--list"]) == 0  # --list first
+    code = main(["bench", "--suite", "real", "--workload", "cnn", "--out", "/nonexistent/x"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--workload cnn: suite real runs resnet and mlp-wide only" in err
+    assert err.count("\n") == 1

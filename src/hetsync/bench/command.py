@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hetsync.bench.markdown import headline_lines, setting_table, write_markdown
 from hetsync.bench.results import collect, write_results
-from hetsync.bench.runner import BenchOptions, run_suite
+from hetsync.bench.runner import BenchOptions, PlannedRun, plan, run_suite
 
 __all__ = ["bench", "command_line"]
 
@@ -30,8 +30,19 @@ def command_line(options: BenchOptions, out: Path) -> str:
 def bench(options: BenchOptions, out: Path, resume: bool = False,
           show_run_progress: bool | None = None) -> Path:
     """Run (or finish) a suite into `out`, write results.json and results.md, print the
-    tables; return the path of results.md."""
-    runs = run_suite(options, out, resume, show_run_progress)
+    tables; return the path of results.md. Interrupted (Ctrl-C, SIGTERM, a lease's time
+    limit), it still writes the results of the runs that finished, then stops."""
+    try:
+        runs = run_suite(options, out, resume, show_run_progress)
+    except KeyboardInterrupt:
+        runs = plan(options.chosen_suite(), options, out)
+        if any(run.done for run in runs):
+            _write(options, runs, out)
+        raise
+    return _write(options, runs, out)
+
+
+def _write(options: BenchOptions, runs: list[PlannedRun], out: Path) -> Path:
     suite = options.chosen_suite()
     results = collect(suite, options, runs, out)
     write_results(results, out)

@@ -57,8 +57,11 @@ class BenchOptions:
     """Comma-separated variant labels: run only these (and the reference runs); None: all."""
 
     def chosen_suite(self) -> Suite:
-        """The suite, restricted to `variants` where given."""
+        """The suite, restricted to `variants` where given, and a suite whose settings name
+        their workloads to the settings of --workload where it is one of them."""
         suite = get_suite(self.suite)
+        if self.workload in suite.own_workloads:
+            suite = suite.of_workload(self.workload)
         if self.variants is None:
             return suite
         return suite.only(tuple(label.strip() for label in self.variants.split(",")

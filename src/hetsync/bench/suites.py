@@ -100,6 +100,21 @@ class Suite:
                 settings.append(replace(setting, variants=kept))
         return replace(self, settings=tuple(settings))
 
+    @property
+    def own_workloads(self) -> tuple[str, ...]:
+        """The workloads its settings name themselves (the real suites'); () where the
+        bench's --workload decides."""
+        return tuple(dict.fromkeys(s.workload for s in self.settings if s.workload))
+
+    def of_workload(self, workload: str) -> Suite:
+        """The suite's settings of one of its own workloads (`--workload` on a real suite: a
+        lease too short for both runs one), refused in one line if it has no such setting."""
+        if workload not in self.own_workloads:
+            raise ConfigError(f"--workload {workload}: suite {self.name} runs "
+                              f"{' and '.join(self.own_workloads)} only")
+        return replace(self, settings=tuple(s for s in self.settings
+                                            if s.workload == workload))
+
 
 #: Every protocol hetsync has, with the variants the papers evaluate: each protocol package's
 #: own (its variants.py), package by package. Decentralized protocols use their default graph,
@@ -272,7 +287,8 @@ REAL = Suite(
     "real", "real compute, 8 pinned workers (a 16-core machine): every protocol homogeneous and "
     f"with rank 3 at a {SHARE:g} CPU share, against one worker alone",
     _real(8, 3, REAL_WORKLOADS),
-    _families(ps=("ps-async",), prague=("prague", "prague-paper")),
+    _families(ps=("ps-async",), hop=("hop-skip", "hop-stale-skip"),
+              prague=("prague", "prague-paper")),
     target_loss={"resnet": 0.6, "mlp-wide": 0.6}, max_time=35.0, real=True,
     run_options=MappingProxyType({"pin": True}),
 )

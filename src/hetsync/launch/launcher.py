@@ -345,7 +345,7 @@ def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,
     `yield_cpu`: the launcher shares a pinned worker's core, which the evaluation leaves it."""
     evaluator = Evaluator.for_workload(
         run_dir, get_workload(config.workload), config.workers, config.eval_samples,
-        data_dir=config.data_dir, keep_snapshots=config.keep_snapshots,
+        data_dir=config.data_dir, device=config.device, keep_snapshots=config.keep_snapshots,
         on_consensus=stop_at_target(config, partial(control.set, STOP_KEY)),
         target_loss=config.target_loss,
     )

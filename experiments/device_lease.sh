@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Everything hetsync checks on a lent GPU machine (one NVIDIA GPU, 16 cores), in one command
+# of under 10 minutes: a lease is 15 minutes of device time, its start included.
+#
+#   bash experiments/device_lease.sh [OUT]       (OUT: where the logs and results go)
+#
+# 1. set-up: hetsync installed without dependencies into the machine's own Python, which has
+#    CUDA torch and the rest (the machine has no network); Fashion-MNIST from .data/ if it travelled;
+# 2. correctness, in parallel: the `gpu` tests and the state-dict runs; `hetsync train --workers 4` with the defaults
+#    under every protocol; a user's script with its model on the GPU (examples/batchnorm_mlp.py)
+#    under every protocol, its held-out accuracy beside DDP's;
+# 3. the `gpu` suite, trimmed to one variant per family that matters here, short runs;
+# 4. the `real` suite (8 pinned workers, real compute), trimmed likewise, on one workload.
+# Each step has its own time limit, so a slow one cannot eat the next; what each wrote is
+# packed into OUT/results.tgz (snapshots and checkpoints left out).
+set -u
+OUT=${1:-${OUT:-runs/lease}}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+T0=$(date +%s)
+say() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
+PROTOCOLS="allreduce ddp dpsgd hop adpsgd ps prague localsgd"
+GPU_VARIANTS=${GPU_VARIANTS:-allreduce,hop-skip,adpsgd,prague}
+REAL_VARIANTS=${REAL_VARIANTS:-adpsgd,hop-stale-skip,prague}
+REAL_WORKLOAD=${REAL_WORKLOAD:-resnet}
+MAX_TIME=${MAX_TIME:-10}
+
+say "set-up"
+if [ -d .data/fashion-mnist ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
+    mkdir -p /usr/share/datasets && cp -r .data/fashion-mnist /usr/share/datasets/
+fi
+# The machine's python3 is itself a venv (with CUDA torch): install into it, not a new one.
+PY=$(command -v python3)
+$PY -m pip install -q --no-deps --no-build-isolation -e . || exit 1
+HS="$(dirname "$PY")/hetsync"
+nvidia-smi -L; nproc; uptime
+$PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
+torch.cuda.device_count())"
+mkdir -p runs/lease
+
+say "correctness: the gpu tests, the defaults and a user's GPU script under every protocol"
+XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 4"
+timeout 160 $PY -m pytest -q -m "not slow" $XDIST --durations=15 tests/gpu tests/api/test_state_dict.py \
+    > "$OUT/gpu-tests.txt" 2>&1 &
+TESTS=$!
+DEADLINE=$(( $(date +%s) + 150 ))
+defaults() {  # $1: train (a built-in workload, the defaults) or script (a user's, on the GPU)
+    for p in $PROTOCOLS; do
+        [ "$(date +%s)" -lt "$DEADLINE" ] || { echo "$1 $p: no time left"; continue; }
+        if [ "$1" = train ]; then
+            timeout 40 $HS train --protocol "$p" --workload digits --workers 4 \
+                --max-iterations 30 --out "runs/lease/train/$p" > "runs/lease/train-$p.txt" 2>&1
+            echo "train $p: rc=$? $(grep -ho 'note: .*' "runs/lease/train-$p.txt" | head -1)"
+        else
+            timeout 45 $HS launch --protocol "$p" --workers 4 --out "runs/lease/script/$p" \
+                --quiet examples/batchnorm_mlp.py --epochs 30 > "runs/lease/script-$p.txt" 2>&1
+            echo "script $p: rc=$? $(cat "runs/lease/script/$p/user_result.json" 2>/dev/null)"
+        fi
+    done
+}
+defaults train > "$OUT/train.txt" 2>&1 &
+TRAIN=$!
+defaults script > "$OUT/script.txt" 2>&1
+wait $TESTS; echo "pytest rc=$?"; wait $TRAIN
+tail -25 "$OUT/gpu-tests.txt"; cat "$OUT/train.txt" "$OUT/script.txt"
+
+say "the gpu suite: $GPU_VARIANTS, $MAX_TIME s a run"
+timeout -s INT -k 20 150 $HS bench --suite gpu --variants "$GPU_VARIANTS" --max-time "$MAX_TIME" \
+    --out runs/lease/bench-gpu
+tail -40 runs/lease/bench-gpu/results.md 2>/dev/null
+
+say "the real suite on $REAL_WORKLOAD: $REAL_VARIANTS, $MAX_TIME s a run"
+uptime; ls /sys/fs/cgroup | head -5; cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+timeout -s INT -k 20 250 $HS bench --suite real --workload "$REAL_WORKLOAD" \
+    --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real
+tail -40 runs/lease/bench-real/results.md 2>/dev/null
+
+say "packing"
+tar czf "$OUT/results.tgz" --exclude='*.pt' --exclude='snapshots' --exclude='checkpoints' \
+    runs/lease
+say "done"
