@@ -25,6 +25,7 @@ GPU_VARIANTS=${GPU_VARIANTS:-allreduce,hop-skip,adpsgd,prague}
 REAL_VARIANTS=${REAL_VARIANTS:-adpsgd,hop-stale-skip,prague}
 REAL_WORKLOAD=${REAL_WORKLOAD:-resnet}
 MAX_TIME=${MAX_TIME:-10}
+STEPS=${STEPS:-correctness gpu real}  # which of the steps below to run
 
 say "set-up"
 if [ -d .data/fashion-mnist ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -39,6 +40,7 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_av
 torch.cuda.device_count())"
 mkdir -p runs/lease
 
+if [[ $STEPS == *correctness* ]]; then
 say "correctness: the gpu tests, the defaults and a user's GPU script under every protocol"
 XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 4"
 timeout 160 $PY -m pytest -q -m "not slow" $XDIST --durations=15 tests/gpu tests/api/test_state_dict.py \
@@ -65,16 +67,24 @@ defaults script > "$OUT/script.txt" 2>&1
 wait $TESTS; echo "pytest rc=$?"; wait $TRAIN
 tail -25 "$OUT/gpu-tests.txt"; cat "$OUT/train.txt" "$OUT/script.txt"
 
+fi
+
+if [[ $STEPS == *gpu* ]]; then
 say "the gpu suite: $GPU_VARIANTS, $MAX_TIME s a run"
 timeout -s INT -k 20 150 $HS bench --suite gpu --variants "$GPU_VARIANTS" --max-time "$MAX_TIME" \
     --out runs/lease/bench-gpu
 tail -40 runs/lease/bench-gpu/results.md 2>/dev/null
 
+fi
+
+if [[ $STEPS == *real* ]]; then
 say "the real suite on $REAL_WORKLOAD: $REAL_VARIANTS, $MAX_TIME s a run"
 uptime; ls /sys/fs/cgroup | head -5; cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
-timeout -s INT -k 20 250 $HS bench --suite real --workload "$REAL_WORKLOAD" \
+timeout -s INT -k 20 ${REAL_LIMIT:-250} $HS bench --suite real --workload "$REAL_WORKLOAD" \
     --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
+
+fi
 
 say "packing"
 tar czf "$OUT/results.tgz" --exclude='*.pt' --exclude='snapshots' --exclude='checkpoints' \

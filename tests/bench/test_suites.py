@@ -149,6 +149,8 @@ def test_workload_keeps_a_real_suites_settings_of_that_workload(tmp_path):
     assert {r.config.workload for r in runs} == {"mlp-wide"}
     assert {r.variant.label for r in runs} == {"solo", "hop-stale-skip"}
     assert sum(r.setting.reference for r in runs) == 2
+    # CPU cores are what a real suite measures, also on a GPU machine (where auto means cuda)
+    assert {(r.config.device, r.config.pin) for r in runs} == {("cpu", True)}
     assert len(plan(BenchOptions(suite="real").chosen_suite(), BenchOptions(suite="real"),
                     tmp_path)) == 44  # a workload that is not its own leaves the suite whole
 

@@ -252,6 +252,12 @@ SHARE = 0.25
 REAL_WORKLOADS = ("resnet", "mlp-wide")
 
 
+#: Real suites measure CPU cores: workers pinned to a core each, their models on the CPU even
+#: where a GPU is visible (on a GPU machine `--device auto` would put all of them on one GPU,
+#: which the `gpu` suite measures).
+REAL_RUN_OPTIONS = MappingProxyType({"pin": True, "device": "cpu"})
+
+
 def _real(workers: int, slow_rank: int, workloads: tuple[str, ...]) -> tuple[Setting, ...]:
     """Per workload: one worker alone, one alone at the straggler's share (the ideal's two
     units), then every protocol homogeneous and with `slow_rank` at that share."""
@@ -290,7 +296,7 @@ REAL = Suite(
     _families(ps=("ps-async",), hop=("hop-skip", "hop-stale-skip"),
               prague=("prague", "prague-paper")),
     target_loss={"resnet": 0.6, "mlp-wide": 0.6}, max_time=35.0, real=True,
-    run_options=MappingProxyType({"pin": True}),
+    run_options=REAL_RUN_OPTIONS,
 )
 REAL_SMALL = Suite(
     "real-small", "real compute, 2 pinned workers (a 2-core machine): every protocol "
@@ -298,7 +304,7 @@ REAL_SMALL = Suite(
     _real(2, 1, REAL_WORKLOADS),
     _families(ps=("ps-async",), hop=("hop", "hop-stale-skip"), prague=_PAIRS),
     target_loss={"resnet": 0.6, "mlp-wide": 0.6}, max_time=30.0, real=True,
-    run_options=MappingProxyType({"pin": True}),
+    run_options=REAL_RUN_OPTIONS,
 )
 
 
