@@ -150,7 +150,8 @@ def test_workload_keeps_a_real_suites_settings_of_that_workload(tmp_path):
     assert {r.variant.label for r in runs} == {"solo", "hop-stale-skip"}
     assert sum(r.setting.reference for r in runs) == 2
     # CPU cores are what a real suite measures, also on a GPU machine (where auto means cuda)
-    assert {(r.config.device, r.config.pin) for r in runs} == {("cpu", True)}
+    assert {(r.config.device, r.config.pin, r.config.stop_at_target) for r in runs} == {
+        ("cpu", True, False)}  # and every run lasts its cap: "of ideal" compares rates
     assert len(plan(BenchOptions(suite="real").chosen_suite(), BenchOptions(suite="real"),
                     tmp_path)) == 44  # a workload that is not its own leaves the suite whole
 
