@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from hetsync.errors import ConfigError
-from hetsync.slowdown import pacing, parse_slowdown
+from hetsync.slowdown import ENV_CPU_CGROUP, join_cpu_quota, pacing, parse_slowdown
 
 
 def test_none_never_slows():
@@ -103,3 +105,17 @@ def test_a_cpu_slowdown_of_a_rank_that_does_not_exist_is_refused():
 
     with pytest.raises(ConfigError, match="names rank 2, but there are only 2 workers"):
         RunConfig(workers=2, slowdown="cpu:ranks=2,share=0.5").validate()
+
+
+def test_a_cpu_straggler_joins_the_cgroup_the_launcher_names(tmp_path):
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("")
+    join_cpu_quota({ENV_CPU_CGROUP: str(procs)})
+    assert procs.read_text() == f"{os.getpid()}\n"
+    join_cpu_quota({})  # no quota named: nothing to join
+
+
+def test_a_quota_cgroup_that_refuses_the_worker_is_one_line_naming_it(tmp_path):
+    gone = tmp_path / "hetsync-1-rank1"
+    with pytest.raises(RuntimeError, match=f"could not join the quota cgroup {gone}: No such"):
+        join_cpu_quota({ENV_CPU_CGROUP: str(gone / "cgroup.procs")})

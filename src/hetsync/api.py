@@ -42,7 +42,7 @@ from hetsync.metrics.thread_cpu import ThreadCpu
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
 from hetsync.protocols.base import Protocol
 from hetsync.protocols.registry import get_protocol
-from hetsync.slowdown import pacing
+from hetsync.slowdown import join_cpu_quota, pacing
 from hetsync.step import Step
 from hetsync.transport.flat import average_model, broadcast_model
 from hetsync.transport.runtime import Runtime, current_runtime
@@ -111,6 +111,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._periodic_snapshots = snapshots or evaluate is not None
         self._evaluation = self._start_evaluation(evaluate) if not snapshots else None
         self.runtime.start_clock()
+        join_cpu_quota()  # a `cpu:` straggler's quota acts on its training, not its start-up
         self._step: Step | None = self._new_step()
         self._heartbeat("compute")
 

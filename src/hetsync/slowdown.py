@@ -12,13 +12,21 @@ where there is no kernel to do it (the simulator).
 from __future__ import annotations
 
 import csv
+import os
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetsync.errors import ConfigError
 
-__all__ = ["SlowdownSpec", "parse_slowdown", "pacing"]
+__all__ = ["ENV_CPU_CGROUP", "SlowdownSpec", "join_cpu_quota", "parse_slowdown", "pacing"]
+
+#: Where the launcher names a `cpu:` straggler's quota cgroup (its `cgroup.procs` file). The
+#: worker joins it as its training starts: its start-up (importing torch, loading the data,
+#: building the model; most of a minute at a quarter core) runs at full speed, since every
+#: slowdown acts on iterations, and a suite's straggler run is not a minute longer.
+ENV_CPU_CGROUP = "HETSYNC_CPU_CGROUP"
 
 _FORMS = ("none, deterministic:ranks=R[+R...],factor=F, random:p=P,factor=F, "
           "cpu:ranks=R[+R...],share=S or trace:FILE")
@@ -76,6 +84,19 @@ class SlowdownSpec:
                 f"--slowdown names rank {bad[0]}, but there are only {workers} workers "
                 f"(ranks 0..{workers - 1})"
             )
+
+
+def join_cpu_quota(env: Mapping[str, str] = os.environ) -> None:
+    """Move this process (all its threads) into the quota cgroup the launcher named, if any;
+    a refusal is one line that names the cgroup."""
+    procs = env.get(ENV_CPU_CGROUP)
+    if not procs:
+        return
+    try:
+        Path(procs).write_text(f"{os.getpid()}\n")
+    except OSError as error:
+        raise RuntimeError(f"--slowdown cpu: could not join the quota cgroup "
+                           f"{Path(procs).parent}: {error.strerror or error}") from None
 
 
 def pacing(compute_s: float, step_time_s: float, factor: float) -> tuple[float, float]:

@@ -61,10 +61,13 @@ def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_p
                            pin=True, keep_awake=True, slowdown="cpu:ranks=1,share=0.25",
                            max_time=2.0, out=tmp_path / "run", quiet=True))
     start, end = _facts(tmp_path, "start."), _facts(tmp_path, "")
+    training = _facts(tmp_path, "training.")
     cores = sorted(os.sched_getaffinity(0))
     assert [f["cores"] for f in start] == [[cores[0]], [cores[1]]]
-    assert _cpu_cgroup(start[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
-    assert "hetsync-" not in _cpu_cgroup(start[0])
+    # the straggler starts up at full speed and joins its quota as its training starts
+    assert "hetsync-" not in _cpu_cgroup(start[1])
+    assert _cpu_cgroup(training[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
+    assert "hetsync-" not in _cpu_cgroup(training[0])
     # The kernel's guarantee, whatever else runs here: at most a quarter of a core (a
     # period's rounding of slack); how much rank 0 gets depends on the machine's load.
     assert end[1]["cpu_fraction"] < 0.3 and end[1]["iterations"] > 0
@@ -82,7 +85,8 @@ def test_the_cgroup_goes_after_a_killed_worker(tmp_path):
         run(RunConfig(script=[str(SCRIPT), str(tmp_path)], workers=2, max_time=30.0,
                       slowdown="cpu:ranks=1,share=1", fault="kill:rank=1,at=1s",
                       out=tmp_path / "run", quiet=True))
-    assert _cpu_cgroup(_facts(tmp_path, "start.")[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
+    training = json.loads((tmp_path / "rank1.training.json").read_text())
+    assert _cpu_cgroup(training).endswith(f"/hetsync-{os.getpid()}-rank1")
     assert _our_cgroups() == []
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["placement"]["cpu_share"] == {"1": 1.0}

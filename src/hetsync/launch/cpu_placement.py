@@ -1,6 +1,7 @@
 """Where the workers run on this machine's CPUs: `--pin` (cores of their own, by affinity)
-and `--slowdown cpu:` (a CPU quota, hetsync.launch.cpu_quota), applied by the launcher
-around spawning. Both are real, not emulated: the kernel enforces them.
+and `--slowdown cpu:` (a CPU quota, hetsync.launch.cpu_quota), set up by the launcher around
+spawning; a straggler joins its quota as its training starts. Both are real, not emulated:
+the kernel enforces them.
 
 Under `--pin`, rank r gets the `--cpus-per-worker` cores after rank r-1's, in the order of
 the cores this process may run on, and the launcher (its evaluation and snapshots) moves to
@@ -25,6 +26,7 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.launch.awake_cores import AwakeCores
 from hetsync.launch.cpu_quota import CpuQuota
+from hetsync.slowdown import ENV_CPU_CGROUP
 
 __all__ = ["CpuPlacement", "Pinning", "plan_pinning"]
 
@@ -64,8 +66,9 @@ def plan_pinning(workers: int, per_worker: int, available: set[int]) -> Pinning:
 
 class CpuPlacement:
     """The run's pinning and CPU quotas: set up on entry (ConfigError before anything starts
-    if they cannot be), applied to each worker by `place` right after it is spawned, undone
-    on exit however the run ends (the launcher's own affinity restored, the cgroups removed).
+    if they cannot be); a worker's pinning is applied by `place` right after it is spawned,
+    its quota by the worker itself as its training starts (`environment`); undone on exit
+    however the run ends (the launcher's own affinity restored, the cgroups removed).
     """
 
     def __init__(self, config: RunConfig, run_id: str, cgroup_root: Path | None = None) -> None:
@@ -112,14 +115,18 @@ class CpuPlacement:
         evaluation must then yield them (`EvaluationThread(yield_cpu=True)`)."""
         return self.pinning is not None and self.pinning.launcher_shares
 
+    def environment(self, rank: int) -> dict[str, str]:
+        """What `rank`'s environment needs: the quota cgroup it joins as its training starts
+        (hetsync.slowdown.join_cpu_quota), if it is a `cpu:` straggler."""
+        procs = self.quota.procs_file(rank) if self.quota is not None else None
+        return {ENV_CPU_CGROUP: str(procs)} if procs is not None else {}
+
     def place(self, rank: int, pid: int) -> None:
-        """Pin and cap a just-spawned worker before it gets to training. One that is already
-        gone is left to the monitor to report."""
+        """Pin a just-spawned worker before it gets to training. One that is already gone is
+        left to the monitor to report."""
         try:
             if self.pinning is not None:
                 os.sched_setaffinity(pid, self.pinning.workers[rank])
-            if self.quota is not None:
-                self.quota.add(rank, pid)
         except ProcessLookupError:
             pass
 

@@ -53,10 +53,10 @@ class CpuQuota:
             self.remove()
             raise
 
-    def add(self, rank: int, pid: int) -> None:
-        """Move process `pid` (all its threads) into `rank`'s cgroup, if it has one."""
-        if rank in self.dirs:
-            (self.dirs[rank] / "cgroup.procs").write_text(f"{pid}\n")
+    def procs_file(self, rank: int) -> Path | None:
+        """The file that moves a process (all its threads) into `rank`'s cgroup, if it has
+        one: the worker writes its pid there as its training starts (hetsync.slowdown)."""
+        return self.dirs[rank] / "cgroup.procs" if rank in self.dirs else None
 
     def remove(self, wait: float = 2.0) -> list[str]:
         """Remove the cgroups; returns a line for each one that could not be removed. A

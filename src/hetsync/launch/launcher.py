@@ -330,6 +330,7 @@ def _spawn(
             "PYTHONUNBUFFERED": "1",  # a pipe would hold a worker's prints back until exit
             ENV_STORE_PORT: str(port),
             ENV_RUN_DIR: str(run_dir),
+            **placement.environment(rank),
         }
         if resume_at is not None:
             env[ENV_RESUME_AT] = repr(resume_at)
