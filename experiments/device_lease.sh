@@ -35,7 +35,7 @@ fi
 PY=$(command -v python3)
 $PY -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 HS="$(dirname "$PY")/hetsync"
-nvidia-smi -L; nproc; uptime
+nvidia-smi -L; nproc; uptime; lscpu | head -25; lscpu -e  # SMT siblings: which cores share
 $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(),
 torch.cuda.device_count())"
 mkdir -p runs/lease

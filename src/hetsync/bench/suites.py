@@ -255,8 +255,9 @@ REAL_WORKLOADS = ("resnet", "mlp-wide")
 #: Real suites measure CPU cores: workers pinned to a core each, their models on the CPU even
 #: where a GPU is visible (on a GPU machine `--device auto` would put all of them on one GPU,
 #: which the `gpu` suite measures). Every run lasts its whole time cap, the time to target
-#: still noted on the way: "of ideal" compares rates, and a run stopped at the target after
-#: 4 s (8 workers on 16 cores) weighs its start-up far more than the solo run's 10 s.
+#: still found (by bisection of the snapshots): "of ideal" compares rates, and a run stopped
+#: whenever its evaluation saw the target (8 workers on 16 cores cross it in 4 s) would weigh
+#: its start-up against the solo run's by a length that depends on the evaluation's lag.
 REAL_RUN_OPTIONS = MappingProxyType({"pin": True, "device": "cpu", "stop_at_target": False})
 
 
