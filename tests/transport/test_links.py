@@ -99,14 +99,18 @@ def _same_average(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("in_place", [True, False])
-def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place):
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous):
     """In place on the tensors where their dtype is the buffers', through a flat buffer where it
     is not (one tensor of another dtype): both give what flat, average, unpack gave. The
-    shapes cross the kernels' vector widths."""
+    shapes cross the kernels' vector widths; in place, fp32 goes through torch's multi-tensor
+    ops, bf16 and a non-contiguous tensor tensor by tensor."""
     link = Link.default()
     generator = torch.Generator().manual_seed(0)
     tensors = [torch.randn(shape, generator=generator).to(dtype)
                for shape in ((3, 4), (5,), (1000,), (333, 7))]
+    if not contiguous:
+        tensors.append(torch.randn(9, 4, generator=generator).to(dtype).T)
     if not in_place:
         tensors.append(torch.randn(7, generator=generator, dtype=torch.float64))
     numel = sum(t.numel() for t in tensors)
@@ -243,3 +247,11 @@ def test_two_processes_exchange_send_and_receive(tmp_path, spawn):
         assert frame.header(saved["exchanged"]) == (other, 2**40)
         assert frame.payload(saved["exchanged"]).tolist() == [other + 0.5] * 3
         assert frame.header(saved["got"]) == (other, 2**40)
+
+
+def test_no_tensors_to_mix_or_unpack_is_nothing_to_do():
+    """A model part with no tensors (a parameter server's client without buffers, say)."""
+    link = Link.default()
+    flat = torch.zeros(0)
+    link.unpack_into(flat, [])
+    assert link.mix_into([], 0.5, [(flat, 0.5)]) is None
