@@ -5,12 +5,15 @@
 #   bash experiments/device_lease.sh [OUT]       (OUT: where the logs and results go)
 #
 # 1. set-up: hetsync installed without dependencies into the machine's own Python, which has
-#    CUDA torch and the rest (the machine has no network); Fashion-MNIST from .data/ if it travelled;
-# 2. correctness, in parallel: the `gpu` tests and the state-dict runs; `hetsync train --workers 4` with the defaults
-#    under every protocol; a user's script with its model on the GPU (examples/batchnorm_mlp.py)
-#    under every protocol, its held-out accuracy beside DDP's;
+#    CUDA torch and the rest (the machine has no network); Fashion-MNIST from .data/ if it
+#    travelled (`carry`);
+# 2. correctness, in parallel: the `gpu` tests and the state-dict runs; `hetsync train
+#    --workers 4` with the defaults under every protocol; a user's script with its model on
+#    the GPU (examples/batchnorm_mlp.py) under every protocol, its held-out accuracy beside
+#    DDP's;
 # 3. the `gpu` suite, trimmed to one variant per family that matters here, short runs;
-# 4. the `real` suite (8 pinned workers, real compute), trimmed likewise, on one workload.
+# 4. the `real` suite (8 pinned workers, real compute), trimmed likewise, on one workload;
+# 5. only if STEPS names `tests`: the whole test suite, 12 at a time (pytest-xdist is there).
 # Each step has its own time limit, so a slow one cannot eat the next; what each wrote is
 # packed into OUT/results.tgz (snapshots and checkpoints left out).
 set -u
@@ -84,6 +87,12 @@ timeout -s INT -k 20 ${REAL_LIMIT:-250} $HS bench --suite real --workload "$REAL
     --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
 
+fi
+
+if [[ $STEPS == *tests* ]]; then  # not by default: the whole `make test`, 12 at a time
+say "make test on the GPU machine (pytest -n 12)"
+timeout -k 10 ${TESTS_LIMIT:-400} $PY -m pytest -q -n 12 > "$OUT/make-test.txt" 2>&1
+echo "make test: rc=$?"; tail -30 "$OUT/make-test.txt"
 fi
 
 say "packing"
