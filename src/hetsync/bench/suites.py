@@ -352,9 +352,9 @@ GPU = Suite(
     tuple(Setting(f"gpu · {het}", HETEROGENEITY[het], workers=4, step_time=0.0)
           for het in ("homogeneous", "one 5x slow")),
     _families(ps=("ps-sync", "ps-async"), hop=("hop", "hop-skip"),
-              prague=("prague", Variant("prague-pairs", _pairs("prague", "").options,
-                                        "prague, groups of 2: on 4 workers every two groups "
-                                        "of 3 share a worker, so their P-Reduces queue"),
+              prague=("prague", replace(_pairs("prague", "prague, groups of 2: on 4 workers "
+                                               "every two groups of 3 share a worker, so "
+                                               "their P-Reduces queue"), label="prague-pairs"),
                       "prague-no-overlap", "prague-static", "prague-paper")),
     max_time=120.0, workload="resnet-wide", run_options=MappingProxyType({"device": "cuda"}),
 )
