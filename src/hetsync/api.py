@@ -44,7 +44,8 @@ from hetsync.protocols.base import Protocol
 from hetsync.protocols.registry import get_protocol
 from hetsync.slowdown import join_cpu_quota, pacing
 from hetsync.step import Step
-from hetsync.transport.flat import average_model, broadcast_model
+from hetsync.transport.contiguous import lay_out
+from hetsync.transport.flat import average_model, broadcast_model, model_tensors
 from hetsync.transport.runtime import Runtime, current_runtime
 
 __all__ = ["SyncOptimizer", "prepare"]
@@ -61,6 +62,11 @@ class SyncOptimizer(torch.optim.Optimizer):
     It wraps the user's optimizer (like torch's PostLocalSGDOptimizer) and shares its
     `param_groups`, `defaults` and `state`, so learning-rate schedulers, `torch.amp.GradScaler`,
     gradient clipping and checkpoints work on it as on the inner optimizer.
+
+    It lays the model's floating parameters and buffers out in one buffer (each becomes a
+    view of its slice; the `Parameter` objects stay the same), so that protocols move the
+    model in one piece: a model moved afterwards (`model.to(...)`) still trains, tensor by
+    tensor, only slower.
     """
 
     #: GradScaler hands over `grad_scale` and `found_inf` instead of skipping `step()`: every
@@ -85,6 +91,9 @@ class SyncOptimizer(torch.optim.Optimizer):
             )
         self.runtime = runtime or current_runtime()
         config = self.runtime.config
+        # The model's state in one buffer: every protocol then packs, averages and unpacks
+        # it in one operation, not one per tensor (hetsync.transport.contiguous).
+        lay_out(model_tensors(model))
         if self.runtime.world_size > 1:  # every worker starts from rank 0's model
             broadcast_model(model, self.runtime.links.direct)
         self.optimizer = optimizer

@@ -18,6 +18,7 @@ from torch import nn
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.protocols.ddp.driver import DDP
+from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import BufferDrift, average_model, broadcast_model, model_tensors
 from hetsync.transport.header import Frame
 from hetsync.transport.links import Link, Links, WireDeviceError
@@ -76,13 +77,18 @@ def test_links_of_a_run_put_collectives_on_the_compute_device_only_under_nccl():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-def test_flat_then_unpack_restores_every_tensor(dtype):
+@pytest.mark.parametrize("laid_out", [False, True])
+def test_flat_then_unpack_restores_every_tensor(dtype, laid_out):
     link = Link.default()
     tensors = _tensors(dtype)
+    if laid_out:
+        assert lay_out(tensors)
     flat = link.flat(tensors, 1.0, 3.0)
     assert flat.dtype == dtype and flat.numel() == 12 + 5 + 4 + 2
     assert flat[-2:].tolist() == [1.0, 3.0]
     copies = [torch.zeros_like(t) for t in tensors]
+    if laid_out:
+        assert lay_out(copies)  # then unpacked in one copy
     link.unpack_into(flat[:-2], copies)
     assert all(torch.equal(a, b) for a, b in zip(copies, tensors, strict=True))
 
@@ -98,13 +104,15 @@ def _same_average(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("in_place", [True, False])
-@pytest.mark.parametrize("contiguous", [True, False])
-def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous):
+@pytest.mark.parametrize(("in_place", "contiguous", "laid_out"),
+                         [(True, True, False), (True, False, False), (False, True, False),
+                          (False, False, False), (True, True, True)])
+def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous, laid_out):
     """In place on the tensors where their dtype is the buffers', through a flat buffer where it
     is not (one tensor of another dtype): both give what flat, average, unpack gave. The
     shapes cross the kernels' vector widths; in place, fp32 goes through torch's multi-tensor
-    ops, bf16 and a non-contiguous tensor tensor by tensor."""
+    ops, bf16 and a non-contiguous tensor tensor by tensor, and tensors laid out in one
+    buffer (`lay_out`) as that buffer: the reference's own arithmetic, exact in bf16 too."""
     link = Link.default()
     generator = torch.Generator().manual_seed(0)
     tensors = [torch.randn(shape, generator=generator).to(dtype)
@@ -113,6 +121,8 @@ def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous):
         tensors.append(torch.randn(9, 4, generator=generator).to(dtype).T)
     if not in_place:
         tensors.append(torch.randn(7, generator=generator, dtype=torch.float64))
+    if laid_out:
+        assert lay_out(tensors)
     numel = sum(t.numel() for t in tensors)
     inputs = [(torch.randn(numel, generator=generator).to(dtype), 0.3),
               (torch.randn(numel, generator=generator).to(dtype), 0.25)]
@@ -123,20 +133,25 @@ def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous):
     link.unpack_into(expected, want)
     scratch = link.mix_into(tensors, 0.45, inputs)
     assert (scratch is None) == in_place
+    if laid_out:
+        assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True))
     _same_average(tensors, want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("in_place", [True, False])
-def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place):
-    """AD-PSGD's served average: tensor by tensor where the dtypes allow, through the flat
-    buffer where not; both as flat, add, halve, unpack gave, in the reply and in the model."""
+@pytest.mark.parametrize(("in_place", "laid_out"), [(True, False), (False, False), (True, True)])
+def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place, laid_out):
+    """AD-PSGD's served average: tensor by tensor where the dtypes allow, over the one buffer
+    of a laid-out model, through the flat buffer where not; all as flat, add, halve, unpack
+    gave, in the reply and in the model."""
     link = Link.default()
     generator = torch.Generator().manual_seed(1)
     tensors = [torch.randn(shape, generator=generator).to(dtype)
                for shape in ((3, 4), (5,), (1000,), (333, 7))]
     if not in_place:
         tensors.append(torch.randn(7, generator=generator, dtype=torch.float64))
+    if laid_out:
+        assert lay_out(tensors)
     other = torch.randn(sum(t.numel() for t in tensors), generator=generator).to(dtype)
     expected = link.flat(tensors).add_(other).div_(2)
     want = [torch.zeros_like(t) for t in tensors]
@@ -148,13 +163,16 @@ def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_buffer_drift_mix_into_is_the_corrected_flat_average_bit_for_bit(dtype):
+@pytest.mark.parametrize("laid_out", [False, True])
+def test_buffer_drift_mix_into_is_the_corrected_flat_average_bit_for_bit(dtype, laid_out):
     """D-PSGD's average: the parameters in place, the BatchNorm statistics (moved by the
     forward pass since they were sent) corrected, as the flat sum, `apply`, unpack gave."""
     link = Link.default()
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(40, 60), nn.BatchNorm1d(60)).to(dtype)
     tensors = model_tensors(model)
+    if laid_out:
+        assert lay_out(tensors)
     drift = BufferDrift(model)
     sent = link.flat(tensors)
     model(torch.randn(8, 40, dtype=dtype))  # the forward pass moves the running statistics
@@ -166,7 +184,7 @@ def test_buffer_drift_mix_into_is_the_corrected_flat_average_bit_for_bit(dtype):
     want = [torch.zeros_like(t) for t in tensors]
     link.unpack_into(expected, want)
     assert drift.mix_into(link, tensors, 0.45, sent, inputs) is None  # no model-sized buffer
-    _same_average(tensors, want)
+    _same_average(tensors, want)  # bf16: the parameters' span ends where the reference's not
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

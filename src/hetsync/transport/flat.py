@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.transport.contiguous import span
 from hetsync.transport.links import Link
 
 __all__ = [
@@ -118,8 +119,10 @@ class BufferDrift:
 
     def _moved(self, sent: torch.Tensor) -> torch.Tensor:
         """How far the buffers moved since `sent` was packed: x_now - x_sent."""
-        now = torch.cat([b.detach().reshape(-1).to(sent.device) for b in self.buffers])
-        return now.sub_(sent[self.offset : self.end])
+        now = span(self.buffers)  # laid out (`lay_out`): read in place, not gathered
+        if now is None:
+            now = torch.cat([b.detach().reshape(-1) for b in self.buffers])
+        return torch.sub(now.to(sent.device), sent[self.offset : self.end])
 
 
 def broadcast_model(model: nn.Module, link: Link, src: int = 0) -> None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from hetsync.transport.contiguous import span
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers
 
@@ -118,6 +119,12 @@ class Link:
         device; returns once they are all there, so `flat` may be received into again."""
         if not tensors:
             return
+        if (whole := span(tensors)) is not None:  # a laid-out model: one copy
+            cross = whole.device != flat.device
+            whole.copy_(flat[: whole.numel()], non_blocking=cross)
+            if cross:
+                _synchronize([flat, whole])
+            return
         if all(t.device == flat.device and t.dtype == flat.dtype and t.is_contiguous()
                for t in tensors):  # one call for all (experiments/link_ops_timing.py)
             torch._foreach_copy_([t.view(-1) for t in tensors], _pieces(flat, tensors))
@@ -145,6 +152,15 @@ class Link:
         (through one, it takes five: a 45 MB model's average costs tens of ms more). Else it
         goes through a flat buffer (`out`, reused), returned for the next call."""
         flats = [flat for flat, _ in inputs]
+        whole = span(tensors)
+        if (whole is not None and whole.device == self.device
+                and all(f.dtype == whole.dtype for f in flats)):
+            n = whole.numel()  # a laid-out model: the reference's arithmetic, in place
+            with torch.no_grad():
+                whole.mul_(self_weight)
+                for flat, weight in inputs:
+                    whole.add_(flat[:n], alpha=weight)
+            return out
         if all(t.device == self.device and all(t.dtype == f.dtype for f in flats)
                for t in tensors):
             with torch.no_grad():
@@ -178,6 +194,15 @@ class Link:
         buffers' dtype it goes tensor by tensor, each one's three passes while it is in cache;
         through the flat buffer it takes four passes over the whole model (AD-PSGD's serving,
         45 MB a request with a full-width ResNet-18)."""
+        whole = span(tensors)
+        if whole is not None and whole.device == self.device and whole.dtype == out.dtype:
+            n = whole.numel()  # a laid-out model: the reference's arithmetic, in place
+            with torch.no_grad():
+                mean = out[:n]
+                torch.add(whole, other[:n], out=mean)
+                mean.div_(2)
+                whole.copy_(mean)
+            return
         if all(t.device == self.device and t.dtype == out.dtype for t in tensors):
             with torch.no_grad():
                 for t, theirs, mean in zip(tensors, _views(other, tensors),
@@ -290,6 +315,12 @@ def _fill(out: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     each: on one device as one `cat`; across devices as non-blocking copies (asynchronous
     into pinned memory) and one synchronisation before the buffer may travel."""
     if not tensors:
+        return
+    if (whole := span(tensors)) is not None:  # a laid-out model: one copy
+        cross = whole.device != out.device
+        out.copy_(whole.detach(), non_blocking=cross)
+        if cross:
+            _synchronize([out, whole])
         return
     if all(t.device == out.device for t in tensors):
         torch.cat([t.detach().reshape(-1).to(out.dtype) for t in tensors], out=out)
