@@ -5,7 +5,10 @@ the compute step than AD-PSGD's (docs/benchmarks.md, "The `real` suite at 8 work
 measures that cost where a 2-core machine can: N gloo processes run the real drivers of the
 named variants on a workload's real tensors, with the compute replaced by a sleep (so that the
 receivers work while the training thread "computes", as with real compute, and N processes
-fit on 2 cores). The training thread's CPU time (`time.thread_time`) inside the protocol's
+fit on 2 cores). The model is laid out in one buffer, as `hetsync.SyncOptimizer` lays it
+out (hetsync.transport.contiguous), or with `--per-tensor` also left as separate tensors,
+each variant both ways in the same round. The training thread's CPU time
+(`time.thread_time`) inside the protocol's
 hooks (`begin_iteration`, `before_optimizer_step`, `after_optimizer_step`) is what the
 protocol takes from the compute; CPU time, unlike wall time, does not count waiting for a
 neighbour nor another process holding the core. The other threads' CPU (gloo's, the
@@ -13,7 +16,7 @@ protocol's receivers) is reported beside it, per iteration.
 
     .venv/bin/python experiments/protocol_hook_cost.py [--workers 8] [--workload resnet] \\
         [--variants hop,hop-stale-skip,adpsgd,dpsgd,allreduce] [--iterations 60] \\
-        [--compute-ms 40] [--repeats 3]
+        [--compute-ms 40] [--repeats 3] [--per-tensor]
 
 Each variant runs --repeats times, in rounds (every variant once, then again), so that a slow
 spell of the machine falls on all of them; each cell is the median over rounds of the median
@@ -39,6 +42,8 @@ from hetsync.metrics.thread_cpu import TRAINING, ThreadCpu
 from hetsync.protocols.catalog import all_variants
 from hetsync.protocols.registry import get_protocol
 from hetsync.step import Step
+from hetsync.transport.contiguous import lay_out
+from hetsync.transport.flat import model_tensors
 from hetsync.transport.runtime import Runtime
 from hetsync.workloads import get_workload
 
@@ -52,12 +57,14 @@ def _runtime(rank: int, world: int, options: dict[str, Any]) -> Runtime:
                    run_dir=None, launched=False, hang_timeout=120.0)
 
 
-def _measure(rank: int, world: int, options: dict[str, Any], args: argparse.Namespace
-             ) -> dict[str, float]:
+def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
+             args: argparse.Namespace) -> dict[str, float]:
     """One variant on this rank: per-iteration medians of the hooks' CPU and wall ms, and
     the other threads' CPU ms per iteration."""
     torch.manual_seed(0)
     model = get_workload(args.workload).build_model()
+    if laid_out:
+        lay_out(model_tensors(model))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     driver = get_protocol(options["protocol"])(_runtime(rank, world, options), model, optimizer)
     cpu, wall = [], []
@@ -94,9 +101,13 @@ def _worker(rank: int, port: int, args: argparse.Namespace, queue: Any) -> None:
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=TIMEOUT)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
     variants = {v.label: dict(v.run_options) for v in all_variants()}
+    layouts = (True, False) if args.per_tensor else (True,)
     for round_ in range(args.repeats):
         for label in args.variants:
-            queue.put((round_, label, rank, _measure(rank, world, variants[label], args)))
+            for laid_out in layouts:
+                row = label if laid_out else f"{label} (per tensor)"
+                queue.put((round_, row, rank,
+                           _measure(rank, world, variants[label], laid_out, args)))
     dist.barrier()
     os._exit(0)  # as transport_bandwidth.py: no teardown racing the drivers' daemon threads
 
@@ -109,6 +120,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=60)
     parser.add_argument("--compute-ms", type=float, default=40.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-tensor", action="store_true",
+                        help="also run each variant on a model not laid out in one buffer")
     args = parser.parse_args()
     args.variants = args.variants.split(",")
     known = {v.label for v in all_variants()}
@@ -136,7 +149,7 @@ def main() -> None:
           "(of the ranks' medians); min-max over rounds in brackets")
     print("| variant | " + " | ".join(keys) + " |")
     print("| --- |" + " --- |" * len(keys))
-    for label in args.variants:
+    for label in sorted(cells, key=lambda row: (args.variants.index(row.split(" (")[0]), row)):
         row = cells[label]
         print(f"| {label} | " + " | ".join(
             f"{statistics.median(row[k]):.2f} ({min(row[k]):.2f}-{max(row[k]):.2f})"
