@@ -1,6 +1,8 @@
-"""What averaging and unpacking a model cost on one thread: `Link.mix_into` and
-`Link.unpack_into` beside the same arithmetic done tensor by tensor in Python (how they worked
-before they used torch's multi-tensor ops), for a built-in workload's tensors.
+"""What averaging, packing and unpacking a model cost on one thread: `Link.mix_into`,
+`Link.flat` and `Link.unpack_into` on separate tensors (torch's multi-tensor ops) and on the
+same tensors laid out in one buffer (`hetsync.transport.contiguous.lay_out`, as
+`SyncOptimizer` lays a model out), beside the same arithmetic done tensor by tensor in Python
+(how they worked before either), for a built-in workload's tensors.
 
     python experiments/link_ops_timing.py [--workload resnet] [--inputs 2] [--calls 200]
 
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 import torch
 
+from hetsync.transport.contiguous import lay_out
 from hetsync.transport.links import Link
 from hetsync.workloads import get_workload
 
@@ -68,23 +71,35 @@ def main() -> None:
         for t, piece in zip(tensors, _slices(flats[0], tensors), strict=True):
             t.copy_(piece)
 
+    laid = [t.clone() for t in tensors]
+    assert lay_out(laid)
     start = [t.clone() for t in tensors]
     results = []
-    for mix in (mix_per_tensor, lambda: link.mix_into(tensors, weight, inputs)):
-        for t, s in zip(tensors, start, strict=True):
+    for mix, target in ((mix_per_tensor, tensors),
+                        (lambda: link.mix_into(tensors, weight, inputs), tensors),
+                        (lambda: link.mix_into(laid, weight, inputs), laid)):
+        for t, s in zip(target, start, strict=True):
             t.copy_(s)
         mix()
-        results.append(torch.cat([t.reshape(-1) for t in tensors]))
-    assert torch.equal(*results), "mix_into differs from the per-tensor arithmetic"
+        results.append(torch.cat([t.reshape(-1) for t in target]))
+    assert all(torch.equal(results[0], r) for r in results), \
+        "mix_into differs from the per-tensor arithmetic"
 
     print(f"{args.workload}: {len(tensors)} tensors, {numel * 4 / 1e6:.2f} MB, "
           f"{args.inputs} input(s), one thread")
-    print(f"mix, tensor by tensor:  {_ms(mix_per_tensor, args.calls):.2f} ms")
-    print(f"mix, Link.mix_into:     "
-          f"{_ms(lambda: link.mix_into(tensors, weight, inputs), args.calls):.2f} ms")
-    print(f"unpack, tensor by tensor: {_ms(unpack_per_tensor, args.calls):.2f} ms")
-    print(f"unpack, Link.unpack_into: "
-          f"{_ms(lambda: link.unpack_into(flats[0], tensors), args.calls):.2f} ms")
+    out = torch.empty(numel)
+    rows = [
+        ("mix", "tensor by tensor", mix_per_tensor),
+        ("mix", "Link.mix_into", lambda: link.mix_into(tensors, weight, inputs)),
+        ("mix", "Link.mix_into, one buffer", lambda: link.mix_into(laid, weight, inputs)),
+        ("pack", "Link.flat", lambda: link.flat(tensors, out=out)),
+        ("pack", "Link.flat, one buffer", lambda: link.flat(laid, out=out)),
+        ("unpack", "tensor by tensor", unpack_per_tensor),
+        ("unpack", "Link.unpack_into", lambda: link.unpack_into(flats[0], tensors)),
+        ("unpack", "Link.unpack_into, one buffer", lambda: link.unpack_into(flats[0], laid)),
+    ]
+    for op, way, call in rows:
+        print(f"{op + ',':<7} {way + ':':<30} {_ms(call, args.calls):6.3f} ms")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,12 @@ def test_tensors_that_cannot_share_one_buffer_are_left_as_they_are(case):
 
 
 def test_empty_tensors_and_no_tensors():
-    tensors = [torch.randn(3), torch.empty(0), torch.randn(2)]
+    tensors = [torch.empty(0), torch.randn(3), torch.empty(0), torch.randn(2), torch.empty(0)]
+    values = torch.cat(tensors)
     assert lay_out(tensors)
-    assert span(tensors) is not None and span(tensors).numel() == 5
+    whole = span(tensors)
+    assert whole is not None and torch.equal(whole, values)
+    assert span([tensors[1], torch.empty(0), tensors[3]]) is not None  # empty: anywhere
+    assert span([tensors[3], tensors[1]]) is None  # out of order
     assert not lay_out([]) and span([]) is None
+    assert span([torch.empty(0)]) is None
