@@ -56,15 +56,19 @@ def test_a_laid_out_model_trains_and_loads_as_before():
 
 
 def test_a_model_moved_after_is_no_longer_one_span():
+    """Also once its span was found (and remembered): every call checks again."""
     model = _model()
     assert lay_out(model_tensors(model))
+    assert span(model_tensors(model)) is not None
     model.to(torch.float64)
     assert span(model_tensors(model)) is None
     model = _model()
-    assert lay_out(model_tensors(model))
-    model[0].weight.data = model[0].weight.data.clone()  # one tensor moved
-    assert span(model_tensors(model)) is None
-    assert span(model_tensors(model)[1:]) is not None  # the rest still are
+    tensors = model_tensors(model)
+    assert lay_out(tensors)
+    assert span(tensors) is not None and span(tensors[2:]) is not None
+    tensors[2].data = tensors[2].data.clone()  # one tensor moved
+    assert span(tensors) is None and span(tensors[2:]) is None
+    assert span(tensors[3:]) is not None  # the rest still are
 
 
 @pytest.mark.parametrize("case", ["dtypes", "channels-last", "shared storage"])
