@@ -50,15 +50,15 @@ from hetsync.workloads import get_workload
 TIMEOUT = datetime.timedelta(seconds=120)
 
 
-def _runtime(rank: int, world: int, options: dict[str, Any]) -> Runtime:
+def _runtime(rank: int, world: int, options: dict[str, Any], store: dist.Store) -> Runtime:
     config = RunConfig(**{**options, "workers": world, "hang_timeout": 120.0})
     return Runtime(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"),
-                   backend="gloo", config=config, store=dist.HashStore(), t0=time.time(),
+                   backend="gloo", config=config, store=store, t0=time.time(),
                    run_dir=None, launched=False, hang_timeout=120.0)
 
 
 def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
-             args: argparse.Namespace) -> dict[str, float]:
+             store: dist.Store, args: argparse.Namespace) -> dict[str, float]:
     """One variant on this rank: per-iteration medians of the hooks' CPU and wall ms, and
     the other threads' CPU ms per iteration."""
     torch.manual_seed(0)
@@ -66,12 +66,13 @@ def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
     if laid_out:
         lay_out(model_tensors(model))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    driver = get_protocol(options["protocol"])(_runtime(rank, world, options), model, optimizer)
+    driver = get_protocol(options["protocol"])(_runtime(rank, world, options, store), model,
+                                               optimizer)
     cpu, wall = [], []
     dist.barrier()
     threads = ThreadCpu()
-    for i in range(1, args.iterations + 1):
-        step = Step(iteration=i)
+    for i in range(1, 2 * args.iterations):  # until the workers agree to stop
+        step = Step(iteration=i, wants_stop=i >= args.iterations)
         began_cpu, began = time.thread_time(), time.perf_counter()
         driver.begin_iteration(step)
         spent_cpu, spent = time.thread_time() - began_cpu, time.perf_counter() - began
@@ -106,8 +107,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, queue: Any) -> None:
         for label in args.variants:
             for laid_out in layouts:
                 row = label if laid_out else f"{label} (per tensor)"
+                own = dist.PrefixStore(f"{round_}/{row}/", store)  # Prague's P-Reduce keys
                 queue.put((round_, row, rank,
-                           _measure(rank, world, variants[label], laid_out, args)))
+                           _measure(rank, world, variants[label], laid_out, own, args)))
     dist.barrier()
     os._exit(0)  # as transport_bandwidth.py: no teardown racing the drivers' daemon threads
 
