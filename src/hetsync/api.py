@@ -66,7 +66,9 @@ class SyncOptimizer(torch.optim.Optimizer):
     It lays the model's floating parameters and buffers out in one buffer (each becomes a
     view of its slice; the `Parameter` objects stay the same), so that protocols move the
     model in one piece: a model moved afterwards (`model.to(...)`) still trains, tensor by
-    tensor, only slower.
+    tensor, only slower. `torch.save` writes a view's whole storage, so a script that saves
+    one tensor or one submodule's state apart should `.clone()` it, or pass
+    `contiguous=False` (the tensors are then left as they are).
     """
 
     #: GradScaler hands over `grad_scale` and `found_inf` instead of skipping `step()`: every
@@ -82,6 +84,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         runtime: Runtime | None = None,
         snapshots: bool = False,
         evaluate: EvaluateFn | None = None,
+        contiguous: bool = True,
     ) -> None:
         if not isinstance(model, nn.Module):
             raise TypeError(f"hetsync: the model must be a torch.nn.Module, not {model!r}")
@@ -91,9 +94,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             )
         self.runtime = runtime or current_runtime()
         config = self.runtime.config
-        # The model's state in one buffer: every protocol then packs, averages and unpacks
-        # it in one operation, not one per tensor (hetsync.transport.contiguous).
-        lay_out(model_tensors(model))
+        if contiguous:  # every protocol then packs, averages and unpacks the model in one
+            lay_out(model_tensors(model))  # operation, not one per tensor (transport.contiguous)
         if self.runtime.world_size > 1:  # every worker starts from rank 0's model
             broadcast_model(model, self.runtime.links.direct)
         self.optimizer = optimizer
@@ -406,13 +408,15 @@ def prepare(
     protocol: str | None = None,
     *,
     evaluate: EvaluateFn | None = None,
+    contiguous: bool = True,
 ) -> tuple[nn.Module, SyncOptimizer]:
-    """Return the module to call in the forward pass and the synchronising optimizer.
+    """Return the module to call in the forward pass and the synchronising optimizer
+    (`contiguous`: as `SyncOptimizer`'s).
 
     `evaluate(model)`, given on every rank, measures a model on held-out data (return the
     loss, `(loss, accuracy)` or `{"loss": ..., "accuracy": ...}`): rank 0 calls it on the
     consensus model every `--eval-every` seconds, off the training path, which gives the run
     loss and accuracy against time, a time to target and the final figures in summary.json.
     """
-    sync = SyncOptimizer(optimizer, model, protocol, evaluate=evaluate)
+    sync = SyncOptimizer(optimizer, model, protocol, evaluate=evaluate, contiguous=contiguous)
     return sync.model, sync

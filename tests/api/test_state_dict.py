@@ -10,6 +10,8 @@ from torch import nn
 
 import hetsync
 from hetsync.api import SyncOptimizer
+from hetsync.transport.contiguous import span
+from hetsync.transport.flat import model_tensors
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,4 +78,26 @@ def test_a_resumed_run_stops_at_max_iterations(protocol, options, monkeypatch):
     while not opt.should_stop:
         _steps(model, opt, opt.iteration, 1)
     assert opt.iteration == 12
+    opt.close()
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_the_model_is_laid_out_in_one_buffer_unless_told_not_to(contiguous, tmp_path):
+    """Laid out, the same Parameter objects train, and a saved state dict holds each value
+    once (one storage for its 9 views, not one each: 9x the bytes)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 1000), nn.BatchNorm1d(1000), nn.Linear(1000, 2))
+    params = list(model.parameters())
+    before = [t.clone() for t in model_tensors(model)]
+    inner = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt = SyncOptimizer(inner, model, "allreduce", contiguous=contiguous)
+    assert (span(model_tensors(model)) is not None) == contiguous
+    assert list(model.parameters()) == params
+    assert all(torch.equal(a, b) for a, b in zip(model_tensors(model), before, strict=True))
+    _steps(model, opt, 0, 2)
+    assert all(not torch.equal(a, b) for a, b in zip(model.parameters(), before, strict=False))
+    assert (span(model_tensors(model)) is not None) == contiguous
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    values = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    assert (tmp_path / "model.pt").stat().st_size < values + 4096
     opt.close()
