@@ -32,20 +32,21 @@ __all__ = ["lay_out", "span"]
 
 
 @dataclass(frozen=True, slots=True)
-class _Span:
-    """A span found once: where its tensors were and how large (`span` checks them again)."""
+class _Seen:
+    """What `span` found for a list of tensors, and where they were then: it only checks them
+    again while they stay there."""
 
-    owner: weakref.ref[torch.Tensor]
-    """The first non-empty tensor: alive and unmoved, it keeps the storage, so no other
-    allocation can take those addresses."""
     addresses: list[int]
     sizes: list[int]
-    offset: int
-    numel: int
+    owner: weakref.ref[torch.Tensor] | None
+    """A span's first non-empty tensor (None: no span). Alive and unmoved, it keeps the
+    storage, so no other allocation can take those addresses."""
+    offset: int = 0
+    numel: int = 0
 
 
-_FOUND: dict[tuple[int, int], _Span] = {}
-_KEPT = 16  # a handful of lists per model (its tensors, its parameters, its buffers)
+_SEEN: dict[tuple[int, int], _Seen] = {}
+_KEPT = 16  # a handful of lists per model (its tensors, parameters, buffers, gradients)
 
 
 def span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -53,27 +54,32 @@ def span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     not (they are then separate tensors, or not all of one dtype and storage). Empty tensors
     hold no memory: anywhere will do for them.
 
-    Found once, a span is only checked again (each tensor's address and size, ~0.02 ms for a
-    ResNet's 102, where finding it takes ~0.08 ms), as every call must: a tensor moved since
-    (`.data` assigned, `model.to`) has another address."""
+    Seen once, the tensors are only checked again for their addresses and sizes (~0.02 ms for
+    a ResNet's 102, where looking at each takes ~0.08-0.15 ms), as every call must: a tensor
+    moved since (`.data` assigned, `model.to`) has another address. An answer kept wrongly
+    could only be None (no span), which is always safe: the links then go tensor by tensor."""
     if not tensors:
         return None
     addresses = [t.data_ptr() for t in tensors]
     sizes = [t.numel() for t in tensors]
     key = (id(tensors[0]), len(tensors))
-    found = _FOUND.get(key)
-    if found is not None and found.addresses == addresses and found.sizes == sizes and (
-            owner := found.owner()) is not None:
-        with torch.no_grad():
-            return owner.new_empty(0).set_(owner.untyped_storage(), found.offset,
-                                           (found.numel,))
+    seen = _SEEN.get(key)
+    if seen is not None and seen.addresses == addresses and seen.sizes == sizes:
+        if seen.owner is None:
+            return None
+        if (owner := seen.owner()) is not None:
+            with torch.no_grad():
+                return owner.new_empty(0).set_(owner.untyped_storage(), seen.offset,
+                                               (seen.numel,))
     whole = _find(tensors, addresses, sizes)
-    if whole is not None:
-        if len(_FOUND) >= _KEPT:
-            del _FOUND[next(iter(_FOUND))]  # the oldest
+    if len(_SEEN) >= _KEPT:
+        del _SEEN[next(iter(_SEEN))]  # the oldest
+    if whole is None:
+        _SEEN[key] = _Seen(addresses, sizes, None)
+    else:
         owner = next(t for t, n in zip(tensors, sizes, strict=True) if n)
-        _FOUND[key] = _Span(weakref.ref(owner), addresses, sizes, whole.storage_offset(),
-                            whole.numel())
+        _SEEN[key] = _Seen(addresses, sizes, weakref.ref(owner), whole.storage_offset(),
+                           whole.numel())
     return whole
 
 
