@@ -26,9 +26,7 @@ over ranks of the per-iteration median. Prints a table; writes nothing.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import socket
 import statistics
 import time
 from typing import Any
@@ -36,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from local_gloo import free_port, join
 
 from hetsync.config import RunConfig
 from hetsync.metrics.thread_cpu import TRAINING, ThreadCpu
@@ -46,8 +45,6 @@ from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.runtime import Runtime
 from hetsync.workloads import get_workload
-
-TIMEOUT = datetime.timedelta(seconds=120)
 
 
 def _runtime(rank: int, world: int, options: dict[str, Any], store: dist.Store) -> Runtime:
@@ -96,11 +93,8 @@ def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
 
 
 def _worker(rank: int, port: int, args: argparse.Namespace, queue: Any) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
     world = args.workers
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=TIMEOUT)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+    store = join(rank, world, port)
     variants = {v.label: dict(v.run_options) for v in all_variants()}
     layouts = (True, False) if args.per_tensor else (True,)
     for round_ in range(args.repeats):
@@ -129,9 +123,7 @@ def main() -> None:
     known = {v.label for v in all_variants()}
     if unknown := [label for label in args.variants if label not in known]:
         parser.error(f"unknown variants: {', '.join(unknown)}")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     queue = context.SimpleQueue()
     mp.start_processes(_worker, args=(port, args, queue), nprocs=args.workers,

@@ -3,7 +3,8 @@ beside gloo's own point-to-point and all-reduce, in one run, on one machine.
 
 N gloo processes (default 2) on 127.0.0.1, one torch thread each (as hetsync's launcher gives
 workers sharing a machine), move one model-sized payload: full-width ResNet-18's tensors
-(`--workload resnet-wide`, 44.7 MB in fp32), or with `--mb P` a model of P MB in 64 tensors.
+(`--workload resnet-wide`, 44.7 MB in fp32), or with `--mb P` a model of P MB in 64 tensors,
+laid out in one buffer as `SyncOptimizer` lays a run's model out.
 Each row: --repeats timed rounds after one warm-up, the median of the slowest rank's time.
 
 * raw send: `dist.send` of one preallocated buffer, ranks 0->1, 2->3, ..., answered by 4 bytes
@@ -33,10 +34,8 @@ writes results.json and bandwidth.png under --out.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import socket
 import statistics
 import threading
 import time
@@ -47,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from local_gloo import free_port, join
 from torch import nn
 
 from hetsync.config import RunConfig
@@ -55,6 +55,7 @@ from hetsync.protocols.allreduce.driver import AllReduce
 from hetsync.protocols.base import Protocol
 from hetsync.protocols.hop.driver import Hop
 from hetsync.step import Step
+from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.header import Frame
 from hetsync.transport.links import Link, Links
@@ -62,7 +63,6 @@ from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 from hetsync.workloads import get_workload
 
-TIMEOUT = datetime.timedelta(seconds=120)
 ROWS = ("raw send", "raw exchange", "raw all-reduce", "link exchange", "allreduce", "hop",
         "adpsgd")
 PATTERN = {"link exchange": "raw exchange", "allreduce": "raw all-reduce",
@@ -243,14 +243,12 @@ def _model(args: argparse.Namespace) -> nn.Module:
 
 
 def _worker(rank: int, port: int, args: argparse.Namespace, out: Path) -> None:
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    torch.set_num_threads(1)
     world = args.workers
-    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=TIMEOUT)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+    join(rank, world, port)
     torch.manual_seed(0)
     model = _model(args)
     tensors = model_tensors(model)
+    lay_out(tensors)  # as SyncOptimizer lays a run's model out
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     result: dict[str, Any] = {"rank": rank, "bytes": nbytes, "spans": {},
                               "iterations": _raw(rank, world, nbytes, args.repeats)}
@@ -365,9 +363,7 @@ def main() -> None:
     if args.workers < 2 or args.workers % 2:
         parser.error("--workers must be even and >= 2 (AD-PSGD's ring is bipartite)")
     args.out.mkdir(parents=True, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.spawn(_worker, args=(port, args, args.out), nprocs=args.workers)
     results = [json.loads((args.out / f"rank{r}.json").read_text())
                for r in range(args.workers)]

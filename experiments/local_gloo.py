@@ -1,0 +1,31 @@
+"""N gloo processes on this machine, as the experiment scripts that time torch.distributed
+itself start them (`mp.spawn`, one torch thread each, as hetsync's launcher gives workers
+that share a machine)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+TIMEOUT = datetime.timedelta(seconds=120)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now, for rank 0's store."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def join(rank: int, world: int, port: int) -> dist.TCPStore:
+    """Join the world of `world` gloo processes whose rank 0 holds the store on `port`; its
+    store (rank 0's TCPStore)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
+    return store
