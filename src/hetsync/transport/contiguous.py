@@ -5,9 +5,9 @@ Why: every protocol moves and averages the whole model, and a model is many tens
 ResNet-18 has 102). Done tensor by tensor (torch's multi-tensor ops), a 0.7 MB model's
 average of two neighbours took 1.3-1.4 ms of the training thread, most of it per-tensor
 dispatch; over the same values as one 1-D tensor it takes 0.2 ms, finding the span included
-(`python experiments/link_ops_timing.py`; packing 0.67 to 0.15 ms, unpacking 0.5 to 0.13). Gradient
-buckets in torch's DDP (`gradient_as_bucket_view`) and flat parameters in FSDP do the same for
-the same reason.
+(`python experiments/link_ops_timing.py`; packing 0.67 to 0.15 ms, unpacking 0.5 to 0.13).
+Gradient buckets in torch's DDP (`gradient_as_bucket_view`) and flat parameters in FSDP do
+the same for the same reason.
 
 `lay_out` moves the tensors' values into one new buffer and points each tensor at its slice
 (`tensor.data = view`): the `Parameter` objects, and so the optimizer's references and
@@ -22,6 +22,7 @@ ops round otherwise).
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ class _Seen:
 
 _SEEN: dict[tuple[int, int], _Seen] = {}
 _KEPT = 16  # a handful of lists per model (its tensors, parameters, buffers, gradients)
+_KEEPING = threading.Lock()  # the training thread and a protocol's threads both look
 
 
 def span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -56,8 +58,9 @@ def span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
 
     Seen once, the tensors are only checked again for their addresses and sizes (~0.02 ms for
     a ResNet's 102, where looking at each takes ~0.08-0.15 ms), as every call must: a tensor
-    moved since (`.data` assigned, `model.to`) has another address. An answer kept wrongly
-    could only be None (no span), which is always safe: the links then go tensor by tensor."""
+    moved since (`.data` assigned, `model.to`) has another address. A span found is reused
+    only while its first tensor lives and every tensor is where it was; a miss kept can only
+    send a call down the per-tensor path, which is always right."""
     if not tensors:
         return None
     addresses = [t.data_ptr() for t in tensors]
@@ -72,14 +75,16 @@ def span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
                 return owner.new_empty(0).set_(owner.untyped_storage(), seen.offset,
                                                (seen.numel,))
     whole = _find(tensors, addresses, sizes)
-    if len(_SEEN) >= _KEPT:
-        del _SEEN[next(iter(_SEEN))]  # the oldest
     if whole is None:
-        _SEEN[key] = _Seen(addresses, sizes, None)
+        seen = _Seen(addresses, sizes, None)
     else:
         owner = next(t for t, n in zip(tensors, sizes, strict=True) if n)
-        _SEEN[key] = _Seen(addresses, sizes, weakref.ref(owner), whole.storage_offset(),
-                           whole.numel())
+        seen = _Seen(addresses, sizes, weakref.ref(owner), whole.storage_offset(),
+                     whole.numel())
+    with _KEEPING:
+        if key not in _SEEN and len(_SEEN) >= _KEPT:
+            del _SEEN[next(iter(_SEEN))]  # the oldest
+        _SEEN[key] = seen
     return whole
 
 
