@@ -7,9 +7,14 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 
 import torch
 import torch.distributed as dist
+
+from hetsync.config import RunConfig
+from hetsync.transport.links import Links
+from hetsync.transport.runtime import Runtime
 
 TIMEOUT = datetime.timedelta(seconds=120)
 
@@ -29,3 +34,13 @@ def join(rank: int, world: int, port: int) -> dist.TCPStore:
     store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=TIMEOUT)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=TIMEOUT)
     return store
+
+
+def runtime(rank: int, config: RunConfig, store: dist.Store, links: Links | None = None
+            ) -> Runtime:
+    """What a driver of `config`'s run knows on rank `rank` of this world: the CPU, gloo, no
+    run directory and no launcher (`links`: gloo's default ones unless given)."""
+    return Runtime(rank=rank, world_size=config.workers, local_rank=rank,
+                   device=torch.device("cpu"), backend="gloo", config=config, store=store,
+                   t0=time.time(), run_dir=None, launched=False,
+                   hang_timeout=config.hang_timeout, links=links or Links())

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from local_gloo import free_port, join
+from local_gloo import TIMEOUT, free_port, join, runtime
 
 from hetsync.config import RunConfig
 from hetsync.metrics.thread_cpu import TRAINING, ThreadCpu
@@ -43,15 +43,7 @@ from hetsync.protocols.registry import get_protocol
 from hetsync.step import Step
 from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import model_tensors
-from hetsync.transport.runtime import Runtime
 from hetsync.workloads import get_workload
-
-
-def _runtime(rank: int, world: int, options: dict[str, Any], store: dist.Store) -> Runtime:
-    config = RunConfig(**{**options, "workers": world, "hang_timeout": 120.0})
-    return Runtime(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"),
-                   backend="gloo", config=config, store=store, t0=time.time(),
-                   run_dir=None, launched=False, hang_timeout=120.0)
 
 
 def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
@@ -63,8 +55,8 @@ def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
     if laid_out:
         lay_out(model_tensors(model))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    driver = get_protocol(options["protocol"])(_runtime(rank, world, options, store), model,
-                                               optimizer)
+    config = RunConfig(**{**options, "workers": world, "hang_timeout": TIMEOUT.total_seconds()})
+    driver = get_protocol(options["protocol"])(runtime(rank, config, store), model, optimizer)
     cpu, wall = [], []
     dist.barrier()
     threads = ThreadCpu()

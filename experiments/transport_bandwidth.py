@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from local_gloo import free_port, join
+from local_gloo import TIMEOUT, free_port, join, runtime
 from torch import nn
 
 from hetsync.config import RunConfig
@@ -60,7 +60,6 @@ from hetsync.transport.flat import model_tensors
 from hetsync.transport.header import Frame
 from hetsync.transport.links import Link, Links
 from hetsync.transport.peer_streams import PeerStreams
-from hetsync.transport.runtime import Runtime
 from hetsync.workloads import get_workload
 
 ROWS = ("raw send", "raw exchange", "raw all-reduce", "link exchange", "allreduce", "hop",
@@ -206,21 +205,16 @@ def _link_exchange(rank: int, world: int, tensors: Sequence[torch.Tensor], repea
     return windows
 
 
-def _runtime(rank: int, world: int, protocol: str, link: TimedLink) -> Runtime:
-    return Runtime(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"),
-                   backend="gloo", config=RunConfig(protocol=protocol, workers=world,
-                                                    topology="ring", hang_timeout=120.0),
-                   store=dist.HashStore(), t0=time.time(), run_dir=None, launched=False,
-                   hang_timeout=120.0, links=Links(direct=link, host=link))
-
-
 def _driver(rank: int, world: int, model: nn.Module, repeats: int, link: TimedLink,
             protocol: type[Protocol], runs: bool) -> list[tuple[float, float]]:
     """(start, end) of each iteration after a warm-up of the real `protocol` driver, without
     compute or optimizer step (the model is what moves); `runs`: whether this rank iterates
     (AD-PSGD's passive ranks only serve)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
-    driver = protocol(_runtime(rank, world, protocol.name, link), model, optimizer)
+    config = RunConfig(protocol=protocol.name, workers=world, topology="ring",
+                       hang_timeout=TIMEOUT.total_seconds())
+    driver = protocol(runtime(rank, config, dist.HashStore(), Links(direct=link, host=link)),
+                      model, optimizer)
     spans = []
     dist.barrier()
     for i in range(1, repeats + 2 if runs else 1):

@@ -120,10 +120,7 @@ class Link:
         if not tensors:
             return
         if (whole := span(tensors)) is not None:  # a laid-out model: one copy
-            cross = whole.device != flat.device
-            whole.copy_(flat[: whole.numel()], non_blocking=cross)
-            if cross:
-                _synchronize([flat, whole])
+            _copy(whole, flat[: whole.numel()])
             return
         if all(t.device == flat.device and t.dtype == flat.dtype and t.is_contiguous()
                for t in tensors):  # one call for all (experiments/link_ops_timing.py)
@@ -317,10 +314,7 @@ def _fill(out: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
     if not tensors:
         return
     if (whole := span(tensors)) is not None:  # a laid-out model: one copy
-        cross = whole.device != out.device
-        out.copy_(whole.detach(), non_blocking=cross)
-        if cross:
-            _synchronize([out, whole])
+        _copy(out, whole.detach())
         return
     if all(t.device == out.device for t in tensors):
         torch.cat([t.detach().reshape(-1).to(out.dtype) for t in tensors], out=out)
@@ -351,6 +345,15 @@ def _pieces(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> tuple[torch.
 def _views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Consecutive slices of `flat`, shaped as `tensors`."""
     return [piece.view_as(t) for piece, t in zip(_pieces(flat, tensors), tensors, strict=True)]
+
+
+def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst <- src, done when this returns: across devices non-blocking (asynchronous with
+    pinned host memory), then one synchronisation."""
+    cross = dst.device != src.device
+    dst.copy_(src, non_blocking=cross)
+    if cross:
+        _synchronize([dst, src])
 
 
 def _synchronize(tensors: Iterable[torch.Tensor]) -> None:
