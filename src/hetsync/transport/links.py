@@ -97,6 +97,11 @@ class Link:
             out[numel:].copy_(torch.tensor(extra, dtype=out.dtype))
         return out
 
+    def write(self, out: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
+        """Write the tensors' values (detached, in `out`'s dtype) into `out`, a 1-D buffer on
+        the wire exactly their size (a slice of a larger one, as `flat` fills)."""
+        _fill(self.check(out, "write"), tensors)
+
     def pack(self, frame: Frame, header: Sequence[int],
              tensors: Sequence[torch.Tensor] = (), out: torch.Tensor | None = None) -> torch.Tensor:
         """A `frame` message on the wire (new, or `out`, a buffer of that frame no transfer

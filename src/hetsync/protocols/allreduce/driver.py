@@ -7,6 +7,14 @@ buffers (BatchNorm statistics) ride in the same buffer and are averaged: every w
 each iteration with the statistics of all workers' batches (DDP instead broadcasts rank 0's
 at every forward pass, which keeps only rank 0's batches). The decisions (the divisor, the
 agreed stop) are `hetsync.protocols.allreduce.core.AllReduceWorker`'s.
+
+The gradients stay in that buffer. After a reduction each parameter's `.grad` becomes its
+slice (torch's DDP does the same with `gradient_as_bucket_view`), so the mean is not copied
+back; `SyncOptimizer.zero_grad()` then zeroes the buffer in place instead of dropping the
+gradients, the next backward pass accumulates into it, and the next step does not gather
+them either. Zeroed rather than None changes nothing the optimizer sees: All-Reduce reduces
+a missing gradient as zeros, so every parameter has one at every optimizer step. Gradients
+set to None some other way (`model.zero_grad()`) are gathered by a copy, as before.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from hetsync.protocols.allreduce.core import (
 )
 from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.registry import register_protocol
+from hetsync.transport.contiguous import span
 from hetsync.transport.flat import ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 
@@ -43,7 +52,7 @@ class AllReduce(Protocol):
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self.link = runtime.links.direct
         self._flat: torch.Tensor | None = None
-        """The gradients' buffer, reused step after step (Link.flat says why)."""
+        """The reduction's buffer, reused step after step; the gradients are its slices."""
         self._step = Step(0)  # the step whose decisions are being carried out
 
     def before_optimizer_step(self, step: Step) -> None:
@@ -61,7 +70,7 @@ class AllReduce(Protocol):
         """All-reduce the gradients, the buffers and the vote; the gradients are then the
         mean, and the core says whether to stop."""
         step = self._step
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = self._params()
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -71,7 +80,7 @@ class AllReduce(Protocol):
         if world == 1:  # alone, nothing to average: the real suites' solo reference
             self._reduced(reduce.vote)
             return
-        self._flat = flat = self.link.flat(grads + buffers, float(reduce.vote), out=self._flat)
+        flat = self._gather(grads, buffers, reduce.vote)
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
@@ -82,9 +91,67 @@ class AllReduce(Protocol):
             self.network.after_blocking(step, ring_allreduce(range(world), nbytes), "allreduce",
                                         time.perf_counter() - began)
         with torch.no_grad():
-            self.link.unpack_into(flat[:-1], grads + buffers)
+            self._scatter(flat, params, grads, buffers)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
         self._reduced(round(float(flat[-1])))
+
+    def zero_grad(self, set_to_none: bool) -> None:
+        """Zero the gradients in place where they are the reduction's buffer (one write, and
+        the next step need not gather them); else as the optimizer does."""
+        grads = [p.grad for p in self._params()]
+        if self._flat is not None and self._holds(self._flat, grads):
+            with torch.no_grad():
+                self._flat[: sum(g.numel() for g in grads if g is not None)].zero_()
+            return
+        super().zero_grad(set_to_none)
+
+    def _params(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @staticmethod
+    def _holds(flat: torch.Tensor, grads: list[torch.Tensor | None]) -> bool:
+        """Whether `grads` are, in order, the slices at the start of `flat`."""
+        if any(g is None for g in grads):
+            return False
+        whole = span(grads)  # type: ignore[arg-type]
+        return (whole is not None and whole.data_ptr() == flat.data_ptr()
+                and whole.numel() == sum(g.numel() for g in grads))  # type: ignore[union-attr]
+
+    def _gather(self, grads: list[torch.Tensor], buffers: list[torch.Tensor],
+                vote: int) -> torch.Tensor:
+        """The reduction's buffer, reused (Link.flat says why): the gradients, the floating
+        buffers, the vote. Gradients already in it, from the last step, are not copied."""
+        flat = self._flat
+        if flat is not None and self._holds(flat, grads):
+            n = sum(g.numel() for g in grads)
+            if buffers:
+                self.link.write(flat[n:-1], buffers)
+            flat[-1] = vote
+            return flat
+        if flat is not None and any(
+                g.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+                for g in grads):
+            flat = None  # some in it, some not: gathered into a new one, not onto itself
+        self._flat = flat = self.link.flat(grads + buffers, float(vote), out=flat)
+        return flat
+
+    def _scatter(self, flat: torch.Tensor, params: list[nn.Parameter],
+                 grads: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
+        """Give the reduced buffers back, and make each gradient its slice of `flat` (no copy)
+        where it can be one: on the buffer's device, in its dtype, for a contiguous
+        parameter (a gradient is laid out as its parameter)."""
+        n = sum(g.numel() for g in grads)
+        if buffers:
+            self.link.unpack_into(flat[n:-1], buffers)
+        if self._holds(flat, grads):
+            return
+        if all(p.is_contiguous() and p.device == flat.device and p.dtype == flat.dtype
+               for p in params):
+            pieces = flat[:n].split([p.numel() for p in params])
+            for p, piece in zip(params, pieces, strict=True):
+                p.grad = piece.view_as(p)
+        else:
+            self.link.unpack_into(flat[:n], grads)
 
     def _reduced(self, votes: int) -> None:
         self._execute(self.core.handle(Reduced(iteration=self._step.iteration, votes=votes)))
