@@ -8,8 +8,9 @@ receivers work while the training thread "computes", as with real compute, and N
 fit on 2 cores). The model is laid out in one buffer, as `hetsync.SyncOptimizer` lays it
 out (hetsync.transport.contiguous), or with `--per-tensor` also left as separate tensors,
 each variant both ways in the same round. The training thread's CPU time
-(`time.thread_time`) inside the protocol's hooks (`zero_grad`, `begin_iteration`,
-`before_optimizer_step`, `after_optimizer_step`) is what the protocol takes from the compute; CPU time, unlike wall time, does not count waiting for a
+(`time.thread_time`) inside the protocol's
+hooks (`begin_iteration`, `before_optimizer_step`, `after_optimizer_step`) is what the
+protocol takes from the compute; CPU time, unlike wall time, does not count waiting for a
 neighbour nor another process holding the core. The other threads' CPU (gloo's, the
 protocol's receivers) is reported beside it, per iteration.
 
@@ -61,8 +62,8 @@ def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
     threads = ThreadCpu()
     for i in range(1, 2 * args.iterations):  # until the workers agree to stop
         step = Step(iteration=i, wants_stop=i >= args.iterations)
+        optimizer.zero_grad()  # as a training loop does: All-Reduce then gathers its gradients
         began_cpu, began = time.thread_time(), time.perf_counter()
-        driver.zero_grad(set_to_none=True)  # as a training loop does (All-Reduce zeroes its own)
         driver.begin_iteration(step)
         spent_cpu, spent = time.thread_time() - began_cpu, time.perf_counter() - began
         time.sleep(args.compute_ms / 1e3)  # the compute, done elsewhere

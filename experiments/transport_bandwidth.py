@@ -219,7 +219,7 @@ def _driver(rank: int, world: int, model: nn.Module, repeats: int, link: TimedLi
     dist.barrier()
     for i in range(1, repeats + 2 if runs else 1):
         step = Step(iteration=i)
-        driver.zero_grad(set_to_none=True)  # as a training loop does (All-Reduce zeroes its own)
+        optimizer.zero_grad()  # as a training loop does: All-Reduce then gathers its gradients
         driver.begin_iteration(step)
         driver.before_optimizer_step(step)
         driver.after_optimizer_step(step)

@@ -143,7 +143,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         return f"SyncOptimizer({self.protocol.name}, {self.optimizer!r})"
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        self.protocol.zero_grad(set_to_none)
+        self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         raise NotImplementedError(

@@ -58,11 +58,6 @@ class Protocol:
     def before_optimizer_step(self, step: Step) -> None:
         """Called after backward(), before optimizer.step()."""
 
-    def zero_grad(self, set_to_none: bool) -> None:
-        """Reset the gradients before the next backward pass (`SyncOptimizer.zero_grad`): the
-        optimizer's, unless the protocol owns the gradients' memory (All-Reduce)."""
-        self.optimizer.zero_grad(set_to_none=set_to_none)
-
     def after_optimizer_step(self, step: Step) -> None:
         """Called after optimizer.step(); model averaging happens here."""
         step.begin_sync()

@@ -32,10 +32,10 @@ def test_the_gradients_are_the_mean_and_stay_in_the_reduction_buffer(tmp_path):
                                                       strict=True))
         for step in steps:
             assert step["one_buffer"]  # the mean is the buffer's, not copied back
-            if i == 2:  # model.zero_grad(): set to None, gathered by a copy at the next step
-                assert all(g is None for g in step["cleared"])
-            else:  # optimizer.zero_grad(): zeroed where they are
+            if i == 2:  # zero_grad(set_to_none=False): zeroed where they are
                 assert step["kept"]
                 assert all(not g.any() for g in step["cleared"])
+            else:  # zero_grad(): None, as torch's; gathered by a copy at the next step
+                assert all(g is None for g in step["cleared"])
     unused = ranks[1][0]["local"][-1]
     assert unused is None  # the layer rank 1 never used had no gradient of its own there

@@ -3,9 +3,9 @@
 Each rank trains a small model with a BatchNorm (a buffer in the reduction) and a layer only
 rank 0 uses (its gradient is None on the others), and records per step: its own gradients
 before the step, the reduced ones after it, whether they are then one buffer
-(`hetsync.transport.contiguous.span`), and what `optimizer.zero_grad()` leaves. At step 3 it
-clears them with `model.zero_grad()` (set to None) instead, as a script may. Writes
-OUT/grads_rank{r}.pt.
+(`hetsync.transport.contiguous.span`), and what `optimizer.zero_grad()` leaves: None (torch's
+default), except at step 3, where `set_to_none=False` zeroes them where they are and the
+next backward pass accumulates into them. Writes OUT/grads_rank{r}.pt.
 """
 
 import sys
@@ -37,13 +37,10 @@ while not optimizer.should_stop:
     reduced = [p.grad.clone() for p in params]
     one_buffer = span([p.grad for p in params]) is not None
     addresses = [p.grad.data_ptr() for p in params]
-    if len(record) == 2:
-        model.zero_grad()
-        cleared = [p.grad for p in params]
-        kept = False
-    else:
-        optimizer.zero_grad()
-        cleared = [None if p.grad is None else p.grad.clone() for p in params]
+    kept = len(record) == 2
+    optimizer.zero_grad(set_to_none=not kept)
+    cleared = [None if p.grad is None else p.grad.clone() for p in params]
+    if kept:
         kept = [p.grad.data_ptr() for p in params] == addresses
     record.append({"local": local, "reduced": reduced, "one_buffer": one_buffer,
                    "cleared": cleared, "kept": kept})

@@ -59,6 +59,9 @@ class DDP(Protocol):
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self._reduce: Reduce | None = None  # what this iteration's buckets contribute
         self._votes = 0
+        self._flats: dict[int, torch.Tensor] = {}
+        """Each bucket's reduction buffer, by bucket index, reused step after step (Link.flat
+        says why: a 25 MB bucket in a new buffer is fresh pages to fault in at every step)."""
 
     def wrap_model(self) -> nn.Module:
         return self.ddp
@@ -99,7 +102,8 @@ class DDP(Protocol):
         reduce = self._reduce
         assert reduce is not None
         buffer = bucket.buffer()
-        flat = self.link.flat([buffer], float(reduce.vote))
+        flat = self.link.flat([buffer], float(reduce.vote), out=self._flats.get(bucket.index()))
+        self._flats[bucket.index()] = flat  # free again once `finish` has unpacked it
         flat[:-1].div_(reduce.divisor)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
         if step.on_phase is not None:
