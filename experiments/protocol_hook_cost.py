@@ -62,7 +62,8 @@ def _measure(rank: int, world: int, options: dict[str, Any], laid_out: bool,
     threads = ThreadCpu()
     for i in range(1, 2 * args.iterations):  # until the workers agree to stop
         step = Step(iteration=i, wants_stop=i >= args.iterations)
-        optimizer.zero_grad()  # as a training loop does: All-Reduce then gathers its gradients
+        for p in model.parameters():  # what a backward pass leaves (All-Reduce moves them)
+            p.grad = torch.zeros_like(p)
         began_cpu, began = time.thread_time(), time.perf_counter()
         driver.begin_iteration(step)
         spent_cpu, spent = time.thread_time() - began_cpu, time.perf_counter() - began

@@ -13,8 +13,10 @@ Each row: --repeats timed rounds after one warm-up, the median of the slowest ra
 * link exchange: hetsync's transport alone, as the drivers use it: `Link.pack` a header and
   the model into a reused message, `Link.isend` it to the right, receive from the left on
   `PeerStreams`' thread, hand it to the training thread, `Link.unpack_into` the model
-* allreduce: iterations of the real All-Reduce driver (no compute: zero gradients) through an
-  instrumented link: flatten, divide, all-reduce, unpack
+* allreduce: iterations of the real All-Reduce driver (no compute: fresh zero gradients made
+  before each iteration's clock starts, as a backward pass leaves them) through an
+  instrumented link: flatten, divide, all-reduce, unpack the buffers (the reduced gradients
+  stay in the flat buffer)
 * hop: iterations of the real Hop driver (no compute) on the ring through the instrumented
   link: pack, send, receive on threads, average into the model
 * adpsgd: iterations of the real AD-PSGD driver: odd (active) ranks request an average from
@@ -206,10 +208,12 @@ def _link_exchange(rank: int, world: int, tensors: Sequence[torch.Tensor], repea
 
 
 def _driver(rank: int, world: int, model: nn.Module, repeats: int, link: TimedLink,
-            protocol: type[Protocol], runs: bool) -> list[tuple[float, float]]:
+            protocol: type[Protocol], runs: bool, gradients: bool = False
+            ) -> list[tuple[float, float]]:
     """(start, end) of each iteration after a warm-up of the real `protocol` driver, without
     compute or optimizer step (the model is what moves); `runs`: whether this rank iterates
-    (AD-PSGD's passive ranks only serve)."""
+    (AD-PSGD's passive ranks only serve); `gradients`: whether each iteration begins with
+    fresh gradients, as after a backward pass (what All-Reduce moves)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     config = RunConfig(protocol=protocol.name, workers=world, topology="ring",
                        hang_timeout=TIMEOUT.total_seconds())
@@ -218,8 +222,10 @@ def _driver(rank: int, world: int, model: nn.Module, repeats: int, link: TimedLi
     spans = []
     dist.barrier()
     for i in range(1, repeats + 2 if runs else 1):
+        if gradients:  # what a backward pass leaves, made before the iteration's clock starts
+            for p in model.parameters():
+                p.grad = torch.zeros_like(p)
         step = Step(iteration=i)
-        optimizer.zero_grad()  # as a training loop does: All-Reduce then gathers its gradients
         driver.begin_iteration(step)
         driver.before_optimizer_step(step)
         driver.after_optimizer_step(step)
@@ -250,7 +256,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Path) -> None:
     for row, measure in (
         ("link exchange", lambda link: _link_exchange(rank, world, tensors, args.repeats, link)),
         ("allreduce", lambda link: _driver(rank, world, model, args.repeats, link, AllReduce,
-                                           True)),
+                                           True, gradients=True)),
         ("hop", lambda link: _driver(rank, world, model, args.repeats, link, Hop, True)),
         ("adpsgd", lambda link: _driver(rank, world, model, args.repeats, link, ADPSGD,
                                         rank % 2 == 1)),
