@@ -8,7 +8,7 @@ import torch
 
 from hetsync.errors import ConfigError
 from hetsync.workloads import available_workloads, get_workload
-from hetsync.workloads.datasets import load_fashion_mnist, read_idx
+from hetsync.workloads.datasets import _digits, load_fashion_mnist, read_idx
 
 
 def _write_idx(path, array: np.ndarray) -> None:
@@ -66,6 +66,13 @@ def test_digits_workload_trains_one_step():
     loss = workload.loss(model(split.train_x[:16]), split.train_y[:16])
     loss.backward()
     assert torch.isfinite(loss)
+
+
+def test_digits_are_scikit_learns_read_without_importing_it():
+    sklearn = pytest.importorskip("sklearn.datasets")
+    images, target = _digits()
+    bunch = sklearn.load_digits()
+    assert np.array_equal(images, bunch.images) and np.array_equal(target, bunch.target)
 
 
 @pytest.mark.parametrize("name", ["cnn", "svm", "resnet", "resnet-wide", "digits"])

@@ -8,6 +8,7 @@ in-memory tensors, normalised, with a fixed train/test split independent of the 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,11 +92,29 @@ def _images(raw: np.ndarray) -> torch.Tensor:
 
 def load_digits(data_dir: Path | None = None) -> DataSplit:
     """scikit-learn's 8x8 digits (1797 images) as (N, 1, 8, 8); 300 held out, fixed split."""
-    from sklearn.datasets import load_digits as sk_load_digits
-
-    bunch = sk_load_digits()
-    x = torch.from_numpy(bunch.images.astype(np.float32) / 16.0).unsqueeze(1)
-    y = torch.from_numpy(bunch.target.astype(np.int64))
+    images, target = _digits()
+    x = torch.from_numpy(images.astype(np.float32) / 16.0).unsqueeze(1)
+    y = torch.from_numpy(target.astype(np.int64))
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
     test, train = order[:300], order[300:]
     return DataSplit(train_x=x[train], train_y=y[train], test_x=x[test], test_y=y[test])
+
+
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """The digits' (N, 8, 8) images and labels, read from the file scikit-learn ships them in
+    (`sklearn/datasets/data/digits.csv.gz`: 64 pixels, then the label, per row), found without
+    importing scikit-learn: its import costs about 3 s of CPU, in every worker of a run, more
+    than a short run's training. Through scikit-learn's own loader where the file is not
+    there (another layout)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("hetsync: the digits workload needs scikit-learn, which ships the "
+                          "data: pip install scikit-learn")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz"
+    if not path.is_file():
+        from sklearn.datasets import load_digits as sk_load_digits
+
+        bunch = sk_load_digits()
+        return bunch.images, bunch.target
+    rows = np.loadtxt(path, delimiter=",")
+    return rows[:, :-1].reshape(-1, 8, 8), rows[:, -1]

@@ -100,13 +100,11 @@ class AllReduce(Protocol):
         return [p for p in self.model.parameters() if p.requires_grad]
 
     @staticmethod
-    def _holds(flat: torch.Tensor, grads: list[torch.Tensor | None]) -> bool:
+    def _holds(flat: torch.Tensor, grads: list[torch.Tensor]) -> bool:
         """Whether `grads` are, in order, the slices at the start of `flat`."""
-        if any(g is None for g in grads):
-            return False
-        whole = span(grads)  # type: ignore[arg-type]
+        whole = span(grads)
         return (whole is not None and whole.data_ptr() == flat.data_ptr()
-                and whole.numel() == sum(g.numel() for g in grads))  # type: ignore[union-attr]
+                and whole.numel() == sum(g.numel() for g in grads))
 
     def _gather(self, grads: list[torch.Tensor], buffers: list[torch.Tensor],
                 vote: int) -> torch.Tensor:
