@@ -81,7 +81,7 @@ class AllReduce(Protocol):
         if world == 1:  # alone, nothing to average: the real suites' solo reference
             self._reduced(reduce.vote)
             return
-        flat = self._gather(grads, buffers, reduce.vote)
+        flat, held = self._gather(grads, buffers, reduce.vote)
         flat[:-1].div_(reduce.divisor)
         with step.blocking():
             began = time.perf_counter()
@@ -92,7 +92,7 @@ class AllReduce(Protocol):
             self.network.after_blocking(step, ring_allreduce(range(world), nbytes), "allreduce",
                                         time.perf_counter() - began)
         with torch.no_grad():
-            self._scatter(flat, params, grads, buffers)
+            self._scatter(flat, params, grads, buffers, held)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
         self._reduced(round(float(flat[-1])))
 
@@ -107,32 +107,33 @@ class AllReduce(Protocol):
                 and whole.numel() == sum(g.numel() for g in grads))
 
     def _gather(self, grads: list[torch.Tensor], buffers: list[torch.Tensor],
-                vote: int) -> torch.Tensor:
+                vote: int) -> tuple[torch.Tensor, bool]:
         """The reduction's buffer, reused (Link.flat says why): the gradients, the floating
-        buffers, the vote. Gradients already in it, from the last step, are not copied."""
+        buffers, the vote; and whether the gradients were in it already (from the last step:
+        not copied)."""
         flat = self._flat
         if flat is not None and self._holds(flat, grads):
             n = sum(g.numel() for g in grads)
             if buffers:
                 self.link.write(flat[n:-1], buffers)
             flat[-1] = vote
-            return flat
+            return flat, True
         if flat is not None and any(
                 g.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
                 for g in grads):
             flat = None  # some in it, some not: gathered into a new one, not onto itself
         self._flat = flat = self.link.flat(grads + buffers, float(vote), out=flat)
-        return flat
+        return flat, False
 
     def _scatter(self, flat: torch.Tensor, params: list[nn.Parameter],
-                 grads: list[torch.Tensor], buffers: list[torch.Tensor]) -> None:
-        """Give the reduced buffers back, and make each gradient its slice of `flat` (no copy)
-        where it can be one: on the buffer's device, in its dtype, for a contiguous
-        parameter (a gradient is laid out as its parameter)."""
+                 grads: list[torch.Tensor], buffers: list[torch.Tensor], held: bool) -> None:
+        """Give the reduced buffers back, and make each gradient its slice of `flat` (no copy;
+        `held`: they are already) where it can be one: on the buffer's device, in its dtype,
+        for a contiguous parameter (a gradient is laid out as its parameter)."""
         n = sum(g.numel() for g in grads)
         if buffers:
             self.link.unpack_into(flat[n:-1], buffers)
-        if self._holds(flat, grads):
+        if held:
             return
         if all(p.is_contiguous() and p.device == flat.device and p.dtype == flat.dtype
                for p in params):
