@@ -10,24 +10,60 @@ from hetsync.cli import main
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.launch import cpu_quota
-from hetsync.launch.cpu_placement import plan_pinning
+from hetsync.launch.cpu_placement import physical_cores, plan_pinning
 from hetsync.launch.cpu_quota import CpuQuota
 from hetsync.launch.launcher import run
 
 
 def test_pinning_gives_each_worker_its_own_cores_and_the_launcher_the_rest():
-    pinning = plan_pinning(2, 2, {0, 1, 2, 3, 4, 5})
+    pinning = plan_pinning(2, 2, {0, 1, 2, 3, 4, 5}, physical=[])
     assert pinning.workers == [{0, 1}, {2, 3}] and pinning.launcher == {4, 5}
     assert not pinning.launcher_shares
     assert pinning.note == "--pin: 2 workers on cores 0-3 (2 each), the launcher on cores 4-5"
 
 
 def test_without_cores_to_spare_the_launcher_shares_the_last_workers_and_says_so():
-    pinning = plan_pinning(2, 1, {3, 7})
+    pinning = plan_pinning(2, 1, {3, 7}, physical=[])
     assert pinning.workers == [{3}, {7}] and pinning.launcher == {7}
     assert pinning.note == ("--pin: 2 workers on 2 cores: the launcher shares core 7 with rank 1 "
                             "(its evaluation at the lowest priority)")
     assert pinning.launcher_shares
+
+
+#: A machine of 4 physical cores with 2 threads each, numbered as many x86 machines number
+#: them: each core's second thread half the machine away (0 and 4 share a physical core).
+HALF_APART = [frozenset({0, 4}), frozenset({1, 5}), frozenset({2, 6}), frozenset({3, 7})]
+#: The same machine numbered as others number it: siblings side by side.
+SIDE_BY_SIDE = [frozenset({0, 1}), frozenset({2, 3}), frozenset({4, 5}), frozenset({6, 7})]
+
+
+@pytest.mark.parametrize("physical", [HALF_APART, SIDE_BY_SIDE], ids=["half-apart", "adjacent"])
+def test_one_core_each_puts_no_two_workers_on_one_physical_core(physical):
+    pinning = plan_pinning(4, 1, set(range(8)), physical=physical)
+    of = {core: group for group in physical for core in group}
+    assert len({of[core] for cores in pinning.workers for core in cores}) == 4
+    assert pinning.launcher == set(range(8)) - set().union(*pinning.workers)
+    assert "one thread of each physical core first" in pinning.note
+
+
+@pytest.mark.parametrize("physical", [HALF_APART, SIDE_BY_SIDE], ids=["half-apart", "adjacent"])
+def test_two_cores_each_are_a_whole_physical_core(physical):
+    pinning = plan_pinning(3, 2, set(range(8)), physical=physical)
+    assert all(cores in physical for cores in pinning.workers)
+    assert pinning.launcher in physical and pinning.launcher not in pinning.workers
+    assert "whole physical cores" in pinning.note
+
+
+def test_physical_cores_are_read_from_sysfs(tmp_path):
+    for core, siblings in [(0, "0,2"), (1, "1,3"), (2, "0,2"), (3, "1,3"), (4, "4")]:
+        topology = tmp_path / f"cpu{core}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "thread_siblings_list").write_text(siblings + "\n")
+    (tmp_path / "cpufreq").mkdir()
+    assert physical_cores(tmp_path) == [{0, 2}, {1, 3}, {4}]
+    (tmp_path / "cpu5" / "topology").mkdir(parents=True)
+    (tmp_path / "cpu5" / "topology" / "thread_siblings_list").write_text("5-7\n")
+    assert physical_cores(tmp_path)[-1] == {5, 6, 7}
 
 
 def test_pin_with_more_workers_than_cores_is_one_line():

@@ -3,13 +3,18 @@ and `--slowdown cpu:` (a CPU quota, hetsync.launch.cpu_quota), set up by the lau
 spawning; a straggler joins its quota as its training starts. Both are real, not emulated:
 the kernel enforces them.
 
-Under `--pin`, rank r gets the `--cpus-per-worker` cores after rank r-1's, in the order of
-the cores this process may run on, and the launcher (its evaluation and snapshots) moves to
-the cores left over. With none left over it shares the last rank's cores, and says so in the
-one line it prints: a launcher that takes cores from every worker would slow them all. Its
-evaluation then runs at the lowest priority, so that the rank keeps its core. With
-`--keep-awake` the workers' cores also get busy loops that run only when they would idle
-(hetsync.launch.awake_cores).
+Under `--pin`, rank r gets the `--cpus-per-worker` cores after rank r-1's, and the launcher
+(its evaluation and snapshots) moves to the cores left over. The order follows the machine's
+SMT siblings (hyperthreads, which share one physical core's units), not the cores' numbers,
+which put siblings side by side on some machines (0 and 1) and half the machine apart on
+others (0 and 8): a worker asking for fewer cores than a physical core has threads gets one
+thread of each physical core before any core's second thread is given out, so no two
+workers share a physical core while there are enough of them; a worker asking for at least
+that many gets whole physical cores. With none left over the launcher shares the last
+rank's cores, and says so in the one line it prints: a launcher that takes cores from every
+worker would slow them all. Its evaluation then runs at the lowest priority, so that the
+rank keeps its core. With `--keep-awake` the workers' cores also get busy loops that run
+only when they would idle (hetsync.launch.awake_cores).
 """
 
 from __future__ import annotations
@@ -45,23 +50,72 @@ class Pinning:
         return self.launcher in self.workers
 
 
-def plan_pinning(workers: int, per_worker: int, available: set[int]) -> Pinning:
-    """Give each worker `per_worker` cores of `available` of its own; ConfigError if short."""
+def plan_pinning(workers: int, per_worker: int, available: set[int],
+                 physical: list[frozenset[int]] | None = None) -> Pinning:
+    """Give each worker `per_worker` cores of `available` of its own; ConfigError if short.
+    `physical`: the machine's physical cores as sets of SMT siblings (read from sysfs when
+    None; a core missing from every set is a physical core of its own)."""
     cores = sorted(available)
     need = workers * per_worker
     if need > len(cores):
         raise ConfigError(f"--pin: {workers} workers x {per_worker} core(s) need {need} cores, "
                           f"but this process may run on {len(cores)} ({_names(cores)}): use "
                           "fewer workers or leave --pin out")
-    own = [frozenset(cores[r * per_worker:(r + 1) * per_worker]) for r in range(workers)]
-    left = frozenset(cores[need:])
+    groups = _physical_cores(cores, physical_cores() if physical is None else physical)
+    width = max(len(group) for group in groups)
+    order = _order(groups, spread=per_worker < width)
+    own = [frozenset(order[r * per_worker:(r + 1) * per_worker]) for r in range(workers)]
+    left = frozenset(order[need:])
+    smt = ""
+    if width > 1:
+        smt = (", one thread of each physical core first" if per_worker < width else
+               ", whole physical cores")
     if left:
-        note = (f"--pin: {workers} workers on {_names(cores[:need])} ({per_worker} each), "
+        note = (f"--pin: {workers} workers on {_names(order[:need])} ({per_worker} each{smt}), "
                 f"the launcher on {_names(left)}")
         return Pinning(own, left, note)
-    note = (f"--pin: {workers} workers on {need} cores: the launcher shares "
+    note = (f"--pin: {workers} workers on {need} cores{smt}: the launcher shares "
             f"{_names(own[-1])} with rank {workers - 1} (its evaluation at the lowest priority)")
     return Pinning(own, own[-1], note)
+
+
+def physical_cores(root: Path = Path("/sys/devices/system/cpu")) -> list[frozenset[int]]:
+    """This machine's physical cores, each the set of its SMT siblings; [] where sysfs does
+    not say (each core then counts as a physical core of its own)."""
+    found = set()
+    for path in root.glob("cpu[0-9]*/topology/thread_siblings_list"):
+        try:
+            found.add(frozenset(_parse_cpu_list(path.read_text())))
+        except (OSError, ValueError):
+            continue
+    return sorted(found, key=min)
+
+
+def _parse_cpu_list(text: str) -> list[int]:
+    """The kernel's CPU list format: "0-3,8,10-11"."""
+    cores: list[int] = []
+    for part in text.strip().split(","):
+        first, _, last = part.partition("-")
+        cores += range(int(first), int(last or first) + 1)
+    return cores
+
+
+def _physical_cores(cores: list[int], physical: list[frozenset[int]]) -> list[list[int]]:
+    """`cores` grouped by physical core (siblings in numeric order), groups by first core."""
+    of = {core: group for group in physical for core in group}
+    groups: dict[frozenset[int], list[int]] = {}
+    for core in cores:
+        groups.setdefault(of.get(core, frozenset({core})), []).append(core)
+    return sorted(groups.values(), key=min)
+
+
+def _order(groups: list[list[int]], spread: bool) -> list[int]:
+    """Whole physical cores one after the other, or (`spread`) every physical core's first
+    thread, then every one's second, and so on."""
+    if not spread:
+        return [core for group in groups for core in group]
+    width = max(len(group) for group in groups)
+    return [group[i] for i in range(width) for group in groups if i < len(group)]
 
 
 class CpuPlacement:
