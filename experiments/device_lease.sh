@@ -7,13 +7,15 @@
 # 1. set-up: hetsync installed without dependencies into the machine's own Python, which has
 #    CUDA torch and the rest (the machine has no network); Fashion-MNIST from .data/ if it
 #    travelled (`carry`);
-# 2. correctness, in parallel: the `gpu` tests and the state-dict runs; `hetsync train
-#    --workers 4` with the defaults under every protocol; a user's script with its model on
-#    the GPU (examples/batchnorm_mlp.py) under every protocol, its held-out accuracy beside
-#    DDP's;
-# 3. the `gpu` suite, trimmed to one variant per family that matters here, short runs;
-# 4. the `real` suite (8 pinned workers, real compute), trimmed likewise, on one workload;
-# 5. only if STEPS names `tests`: the whole test suite, 12 at a time (pytest-xdist is there).
+# then the steps STEPS names, in the order it names them:
+#    correctness: in parallel, the `gpu` tests and the state-dict runs; `hetsync train
+#        --workers 4` with the defaults under every protocol; a user's script with its model
+#        on the GPU (examples/batchnorm_mlp.py) under every protocol, its held-out accuracy
+#        beside DDP's;
+#    gpu-tests: the `gpu` tests and the state-dict runs alone;
+#    gpu: the `gpu` suite, trimmed to one variant per family that matters here, short runs;
+#    real: the `real` suite (8 pinned workers, real compute), trimmed likewise, one workload;
+#    tests: the whole test suite, 12 at a time (pytest-xdist is there).
 # Each step has its own time limit, so a slow one cannot eat the next; what each wrote is
 # packed into OUT/results.tgz (snapshots and checkpoints left out).
 set -u
@@ -28,7 +30,7 @@ GPU_VARIANTS=${GPU_VARIANTS:-allreduce,prague-pairs,adpsgd,hop-skip}
 REAL_VARIANTS=${REAL_VARIANTS:-adpsgd,hop-stale-skip,prague}
 REAL_WORKLOAD=${REAL_WORKLOAD:-resnet}
 MAX_TIME=${MAX_TIME:-10}
-STEPS=${STEPS:-correctness gpu real}  # which of the steps below to run
+STEPS=${STEPS:-correctness gpu real}  # which of the steps below to run, in this order
 
 say "set-up"
 if [ -d .data/fashion-mnist ] && [ ! -d /usr/share/datasets/fashion-mnist ]; then
@@ -43,11 +45,20 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_av
 torch.cuda.device_count())"
 mkdir -p runs/lease
 
-if [[ $STEPS == *correctness* ]]; then
+XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n ${XDIST_WORKERS:-4}"
+gpu_tests() {  # in the background; $! is its pid
+    timeout "${GPU_TESTS_LIMIT:-160}" $PY -m pytest -q -m "not slow" $XDIST --durations=15 \
+        tests/gpu tests/api/test_state_dict.py > "$OUT/gpu-tests.txt" 2>&1 &
+}
+
+step_gpu_tests() {
+say "the gpu tests and the state-dict runs"
+gpu_tests; wait $!; echo "pytest rc=$?"; tail -25 "$OUT/gpu-tests.txt"
+}
+
+step_correctness() {
 say "correctness: the gpu tests, the defaults and a user's GPU script under every protocol"
-XDIST=""; $PY -c "import xdist" 2>/dev/null && XDIST="-n 4"
-timeout 160 $PY -m pytest -q -m "not slow" $XDIST --durations=15 tests/gpu tests/api/test_state_dict.py \
-    > "$OUT/gpu-tests.txt" 2>&1 &
+gpu_tests
 TESTS=$!
 DEADLINE=$(( $(date +%s) + 150 ))
 defaults() {  # $1: train (a built-in workload, the defaults) or script (a user's, on the GPU)
@@ -69,31 +80,32 @@ TRAIN=$!
 defaults script > "$OUT/script.txt" 2>&1
 wait $TESTS; echo "pytest rc=$?"; wait $TRAIN
 tail -25 "$OUT/gpu-tests.txt"; cat "$OUT/train.txt" "$OUT/script.txt"
+}
 
-fi
-
-if [[ $STEPS == *gpu* ]]; then
+step_gpu() {
 say "the gpu suite: $GPU_VARIANTS, $MAX_TIME s a run"
 timeout -s INT -k 20 150 $HS bench --suite gpu --variants "$GPU_VARIANTS" --max-time "$MAX_TIME" \
     --out runs/lease/bench-gpu
 tail -40 runs/lease/bench-gpu/results.md 2>/dev/null
+}
 
-fi
-
-if [[ $STEPS == *real* ]]; then
+step_real() {
 say "the real suite on $REAL_WORKLOAD: $REAL_VARIANTS, $MAX_TIME s a run"
 uptime; ls /sys/fs/cgroup | head -5; cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
 timeout -s INT -k 20 ${REAL_LIMIT:-250} $HS bench --suite real --workload "$REAL_WORKLOAD" \
     --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
+}
 
-fi
-
-if [[ $STEPS == *tests* ]]; then  # not by default: the whole `make test`, 12 at a time
+step_tests() {  # not by default: the whole `make test`, 12 at a time
 say "make test on the GPU machine (pytest -n 12)"
 timeout -k 10 ${TESTS_LIMIT:-400} $PY -m pytest -q -n 12 > "$OUT/make-test.txt" 2>&1
 echo "make test: rc=$?"; tail -30 "$OUT/make-test.txt"
-fi
+}
+
+for step in $STEPS; do
+    "step_${step//-/_}"
+done
 
 say "packing"
 tar czf "$OUT/results.tgz" --exclude='*.pt' --exclude='snapshots' --exclude='checkpoints' \
