@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch import nn
@@ -131,6 +133,25 @@ def test_step_after_the_stop_is_refused_and_no_iteration_begins():
     assert sync.should_stop and sync.stop_reason == "script"
     with pytest.raises(RuntimeError, match="after the run stopped"):
         _train(sync, model, 1)
+
+
+def test_the_compute_step_is_the_users_not_the_protocols_begin_iteration():
+    """What a protocol does as an iteration begins (Hop's sends) is its cost, not the
+    compute's: `compute_s` is what the inflation against one worker alone is read from."""
+    _, _, model, sync = _pair()
+    begin = sync.protocol.begin_iteration
+
+    def slow_begin(step):  # noqa: ANN001, ANN202
+        begin(step)
+        time.sleep(0.3)
+
+    sync.protocol.begin_iteration = slow_begin
+    _train(sync, model, 1)  # the iteration after this one begins slowly
+    x, y = _batch(1)
+    sync.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    step = sync.step()
+    assert step.begin_s >= 0.3 and step.compute_s < 0.3
 
 
 def test_consensus_model_is_a_copy_after_the_loop():

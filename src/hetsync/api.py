@@ -287,6 +287,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             on_phase=self._heartbeat if self.runtime.launched else None,
         )
         self.protocol.begin_iteration(step)
+        step.begin_s = time.perf_counter() - step.start - step.sync_wait_s - step.network_s
         return step
 
     def _resume(self, saved: dict[str, Any]) -> None:
@@ -297,7 +298,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         # The protocol starts afresh, as a new run from these models would: its steps count
         # from 1 again, so that workers resumed from different iterations agree on them.
         self.iteration = self._resumed_at = int(saved["iteration"])
-        step.start = time.perf_counter()  # the load is not the iteration's compute
+        step.start, step.begin_s = time.perf_counter(), 0.0  # the load is not the compute
         self.runtime.t0 = time.time() - float(saved["elapsed"])
         if self._log is not None:
             self._log.resume_after(self.iteration)
@@ -308,8 +309,10 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._heartbeat("compute")
 
     def _begin_sync(self, step: Step) -> None:
-        """Pad the compute to the emulated step time, inject the slowdown, decide stopping."""
-        compute = time.perf_counter() - step.start - step.sync_wait_s - step.network_s
+        """Pad the compute to the emulated step time, inject the slowdown, decide stopping.
+        The compute is the user's: from the end of the protocol's `begin_iteration` on."""
+        compute = (time.perf_counter() - step.start - step.sync_wait_s - step.network_s
+                   - step.begin_s)
         iteration = self._resumed_at + step.iteration
         factor = self._slowdown.factor(self.runtime.rank, iteration)
         pad, delay = pacing(compute, self._step_time_s, factor)

@@ -32,6 +32,10 @@ class Step:
     sync_wait_s: float = 0.0
     network_s: float = 0.0
     """Time the emulated network added or charged (see hetsync.network.emulator)."""
+    begin_s: float = 0.0
+    """The protocol's own work as the iteration began (`begin_iteration`: Hop's sends and
+    skips, D-PSGD's and AD-PSGD's posted exchanges), waits excluded: the training thread's
+    time, but not the user's compute, which starts after it."""
     bytes_sent: int = 0
     skip_optimizer_step: bool = False
     """Set by protocols whose update is applied elsewhere (the parameter server's)."""
