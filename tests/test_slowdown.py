@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -113,6 +114,36 @@ def test_a_cpu_straggler_joins_the_cgroup_the_launcher_names(tmp_path):
     join_cpu_quota({ENV_CPU_CGROUP: str(procs)})
     assert procs.read_text() == f"{os.getpid()}\n"
     join_cpu_quota({})  # no quota named: nothing to join
+
+
+def test_a_pinned_straggler_keeps_its_cores_in_every_thread_after_joining(tmp_path):
+    """A cgroup with a cpuset may reset the joiners' affinity (kernels before 6.2); the
+    worker's threads are put back on its cores, those the main thread had."""
+    procs = tmp_path / "cgroup.procs"
+    was = os.sched_getaffinity(0)
+    core = min(was)
+    wide = threading.Event()
+    done = threading.Event()
+    seen: list[set[int]] = []
+
+    def thread() -> None:  # a gloo thread, say, that the cgroup moved to every core
+        os.sched_setaffinity(0, was)
+        wide.set()
+        done.wait(10)
+        seen.append(os.sched_getaffinity(0))
+
+    other = threading.Thread(target=thread)
+    try:
+        os.sched_setaffinity(0, {core})
+        other.start()
+        wide.wait(10)
+        join_cpu_quota({ENV_CPU_CGROUP: str(procs)})
+        done.set()
+        other.join(10)
+        assert seen == [{core}] and os.sched_getaffinity(0) == {core}
+    finally:
+        done.set()
+        os.sched_setaffinity(0, was)
 
 
 def test_a_quota_cgroup_that_refuses_the_worker_is_one_line_naming_it(tmp_path):

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hetsync.affinity import pin_process
 from hetsync.errors import ConfigError
 
 __all__ = ["ENV_CPU_CGROUP", "SlowdownSpec", "join_cpu_quota", "parse_slowdown", "pacing"]
@@ -88,15 +89,23 @@ class SlowdownSpec:
 
 def join_cpu_quota(env: Mapping[str, str] = os.environ) -> None:
     """Move this process (all its threads) into the quota cgroup the launcher named, if any;
-    a refusal is one line that names the cgroup."""
+    a refusal is one line that names the cgroup.
+
+    Joining a cgroup whose `cpuset` controller is on (cgroup v2 where the parent enables
+    it, as on the lent 16-core machines) resets the joining threads' affinity to that
+    cpuset's cores, all of the machine's, on kernels before 6.2 (later ones keep what
+    `sched_setaffinity` asked): a pinned straggler could then run on the other workers'
+    cores. Its threads are put back on the cores it had."""
     procs = env.get(ENV_CPU_CGROUP)
     if not procs:
         return
+    cores = os.sched_getaffinity(0)
     try:
         Path(procs).write_text(f"{os.getpid()}\n")
     except OSError as error:
         raise RuntimeError(f"--slowdown cpu: could not join the quota cgroup "
                            f"{Path(procs).parent}: {error.strerror or error}") from None
+    pin_process(cores)
 
 
 def pacing(compute_s: float, step_time_s: float, factor: float) -> tuple[float, float]:

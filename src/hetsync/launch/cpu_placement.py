@@ -27,6 +27,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from hetsync.affinity import pin_process
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.launch.awake_cores import AwakeCores
@@ -147,7 +148,7 @@ class CpuPlacement:
                 stack.callback(self._remove_quota)
             if self.pinning is not None:
                 self._launcher_was = os.sched_getaffinity(0)
-                _set_own_affinity(self.pinning.launcher)
+                pin_process(self.pinning.launcher)
                 stack.callback(self.free_launcher)
                 awake = "; their cores kept awake" if self.config.keep_awake else ""
                 print(f"hetsync: {self.pinning.note}{awake}", file=sys.stderr)  # --quiet: bar
@@ -161,7 +162,7 @@ class CpuPlacement:
         """The launcher back on the cores it had before (the workers are gone: what it does
         now, such as the evaluation left over, takes no core from them)."""
         if self._launcher_was is not None:
-            _set_own_affinity(self._launcher_was)
+            pin_process(self._launcher_was)
 
     @property
     def launcher_shares_a_worker(self) -> bool:
@@ -206,15 +207,6 @@ class CpuPlacement:
         assert self.quota is not None
         for problem in self.quota.remove():
             print(f"hetsync: {problem}", file=sys.stderr)
-
-
-def _set_own_affinity(cores: set[int] | frozenset[int]) -> None:
-    """Every thread of this process (the store's included), not just the calling one."""
-    for task in Path("/proc/self/task").iterdir():
-        try:
-            os.sched_setaffinity(int(task.name), cores)
-        except (ProcessLookupError, ValueError):
-            continue
 
 
 def _names(cores: set[int] | frozenset[int] | list[int]) -> str:
