@@ -9,6 +9,7 @@ P-Reduce on a group created for it (creation + admission all-reduce + all-reduce
 columns are steady state (subgroup: cached group).
 
     python experiments/preduce_options.py [--workers 8] [--repeats 40] [--out runs/bench-preduce]
+        [--models svm cnn resnet 4MB]
 """
 
 from __future__ import annotations
@@ -132,17 +133,24 @@ def _report(rows: list[dict], out: Path) -> None:
     print(f"\nwrote {out / 'results.json'} and {out / 'preduce.png'}")
 
 
+def _numel(model: str) -> int:
+    """A workload's model size, or a size in MiB of fp32 (`4MB`)."""
+    if model.endswith("MB"):
+        return int(float(model[:-2]) * 2**20) // 4
+    return sum(t.numel() for t in model_tensors(get_workload(model).build_model()))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeats", type=int, default=40)
     p.add_argument("--group-sizes", type=int, nargs="+", default=[2, 3, 4, 8])
-    p.add_argument("--models", nargs="+", default=["svm", "cnn", "resnet"])
+    p.add_argument("--models", nargs="+", default=["svm", "cnn", "resnet"],
+                   help="workloads, or sizes in MiB of fp32 (e.g. 4MB)")
     p.add_argument("--out", type=Path, default=Path("runs/bench-preduce"))
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    sizes = {m: sum(t.numel() for t in model_tensors(get_workload(m).build_model()))
-             for m in args.models}
+    sizes = {m: _numel(m) for m in args.models}
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from hetsync.errors import ConfigError
 from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
-from hetsync.transport.preduce import make_preducer
+from hetsync.transport.preduce import RING_FROM_BYTES, free_network_kind, make_preducer
 
 WORLD = 8
 NUMEL = 1001  # a multiple of no group size: the ring's chunks are uneven
@@ -132,3 +132,10 @@ def test_bad_kind_or_missing_store_is_a_config_error():
         make_preducer("x", rank=0, world=2)
     with pytest.raises(ConfigError, match="needs a store"):
         make_preducer("subgroup", rank=0, world=2)
+
+
+def test_on_a_free_network_auto_takes_the_mesh_for_small_buffers_and_the_ring_for_large():
+    assert free_network_kind(0.7e6) == "mesh"  # the ResNet of width 8
+    assert free_network_kind(RING_FROM_BYTES - 1) == "mesh"
+    assert free_network_kind(RING_FROM_BYTES) == "ring"
+    assert free_network_kind(45.5e6) == "ring"  # mlp-wide, a full-width ResNet-18

@@ -14,11 +14,18 @@ them. Each also says which messages it sends (`messages`), so that an emulated n
 - ``auto`` (the default): on an emulated network, for each group size, the one of ``mesh``,
   ``ring`` and ``leader`` whose messages the cost model says finish first (at paper-scale
   payloads ``ring``: 2(k-1)/k of the buffer out per member against mesh's k-1); on a free
-  network ``mesh``. Every member computes the same choice from the same spec and sizes.
+  network ``mesh`` for buffers under 4 MiB and ``ring`` from there (`free_network_kind`).
+  Every member computes the same choice from the same spec and sizes.
 
-Measured with 8 workers on 2 cores: ``mesh`` is fastest for 2 members and ties with ``leader``
-for 3-4; ``leader`` wins at 8 (mesh's k(k-1) transfers and k-fold sums); a cached ``subgroup``
-is 1.4-5x slower (its first use 3-8x) and ``ring`` 2-18x (each round is a scheduler wake-up).
+Measured with 8 workers on 2 cores on the small models (svm, cnn, a 0.7 MB ResNet): ``mesh``
+is fastest for 2 members and ties with ``leader`` for 3-4; ``leader`` wins at 8 (mesh's
+k(k-1) transfers and k-fold sums); a cached ``subgroup`` is 1.4-5x slower (its first use
+3-8x) and ``ring`` 2-18x (each round is a scheduler wake-up). Large buffers turn it round:
+with 4 workers on 2 cores, groups of 3 and 4, ``mesh`` and ``ring`` tie at 4 MiB, ``ring`` is
+1.6-2.2x faster at 16 MiB and 1.8-2.3x with a 45 MB model, where ``mesh`` moves k-1 buffers
+each way and passes over the sum k+2 times (`python experiments/preduce_options.py
+--workers 4 --group-sizes 3 4 --models 1MB 4MB 16MB mlp-wide`). ``leader`` is as fast as
+``ring`` there but loads its first member with 2(k-1) buffers.
 
 Every kind sends through a link (hetsync.transport.links): the p2p kinds on its process group
 (the runtime's direct link: the default group, on the GPU under NCCL), whose device the flat
@@ -59,10 +66,12 @@ from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce
 from hetsync.protocols.prague.options import PREDUCE_KINDS
 from hetsync.transport.links import Link
 
-__all__ = ["PReducer", "make_preducer"]
+__all__ = ["RING_FROM_BYTES", "PReducer", "free_network_kind", "make_preducer"]
 
 Group = tuple[int, ...]
 _TAG_BASE = 1 << 20  # above the fixed tags of the other protocols
+#: On a free network, buffers from this size go round a ring rather than through a mesh.
+RING_FROM_BYTES = 4 * 2**20
 _CREATED: Counter[Group] = Counter()  # subgroups made per member set, over all PReducers
 
 
@@ -205,6 +214,12 @@ class _Leader(PReducer):
         self.link.exchange([(flat, peer) for peer in group[1:]], [], tag)
 
 
+def free_network_kind(nbytes: float) -> str:
+    """``auto``'s choice on a free network (no `--network`), by the buffer's size: the mesh's
+    one round for small buffers, the ring's fewer bytes and passes for large ones."""
+    return "ring" if nbytes >= RING_FROM_BYTES else "mesh"
+
+
 class _Auto(PReducer):
     """Per group size, the p2p kind the network model says is fastest (see the module doc)."""
 
@@ -219,7 +234,7 @@ class _Auto(PReducer):
     def choose(self, k: int, nbytes: float) -> PReducer:
         """The kind for `k` members averaging a buffer of `nbytes` as declared (`--payload`)."""
         if self._network is None:
-            return self._kinds["mesh"]
+            return self._kinds[free_network_kind(nbytes)]
         key = (k, nbytes)
         if key not in self._chosen:
             network, members = self._network, tuple(range(k))
