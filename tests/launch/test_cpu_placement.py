@@ -12,7 +12,7 @@ from hetsync.errors import ConfigError
 from hetsync.launch import cpu_quota
 from hetsync.launch.cpu_placement import physical_cores, plan_pinning
 from hetsync.launch.cpu_quota import CpuQuota
-from hetsync.launch.launcher import run
+from hetsync.launch.launcher import evaluates_while_running, run
 
 
 def test_pinning_gives_each_worker_its_own_cores_and_the_launcher_the_rest():
@@ -129,3 +129,11 @@ def test_under_torchrun_there_is_no_launcher_to_pin_or_cap(tmp_path, monkeypatch
                  "--out", str(tmp_path / "run"), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "applied by hetsync's launcher" in err and "\n" not in err
+
+
+def test_a_pinned_run_that_does_not_stop_at_the_target_evaluates_after_its_workers():
+    """Nothing in such a run depends on the evaluation, and a launcher evaluating beside
+    pinned workers slows the ones whose (host's) hyperthread it shares."""
+    assert not evaluates_while_running(RunConfig(workers=2, pin=True, stop_at_target=False))
+    assert evaluates_while_running(RunConfig(workers=2, pin=True))  # it may stop the run
+    assert evaluates_while_running(RunConfig(workers=2, stop_at_target=False))

@@ -47,7 +47,7 @@ from hetsync.transport.placement import place, visible_gpus
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
 from hetsync.workloads import get_workload
 
-__all__ = ["RunResult", "run"]
+__all__ = ["RunResult", "evaluates_while_running", "run"]
 
 _RUN_FILES = ("workers", "snapshots", "logs", "eval.jsonl", "summary.json", "checkpoints")
 
@@ -343,14 +343,28 @@ def _spawn(
 def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,
                       yield_cpu: bool) -> EvaluationThread:
     """The built-in workload's evaluation beside the monitor loop; stops the run at target.
-    `yield_cpu`: the launcher shares a pinned worker's core, which the evaluation leaves it."""
+    `yield_cpu`: the launcher shares a pinned worker's core, which the evaluation leaves it.
+
+    A pinned run that does not stop at the target (the real suites') evaluates nothing until
+    its workers are done: nothing in the run depends on it, and a launcher evaluating a
+    ResNet takes a core for most of a run, whose hyperthread sibling (or the host's, under a
+    VM) may be a worker's. On a 16-core lease, 8 pinned workers computed 1.5-1.7x slower in
+    spells that moved from rank to rank, while the launcher's evaluation on the other 8 cores
+    was busy for most of each run (its first snapshot set took it that long). The time to
+    target is still found, by bisection of the snapshots afterwards."""
     evaluator = Evaluator.for_workload(
         run_dir, get_workload(config.workload), config.workers, config.eval_samples,
         data_dir=config.data_dir, device=config.device, keep_snapshots=config.keep_snapshots,
         on_consensus=stop_at_target(config, partial(control.set, STOP_KEY)),
         target_loss=config.target_loss,
     )
-    return EvaluationThread(evaluator, yield_cpu=yield_cpu)
+    return EvaluationThread(evaluator, poll=evaluates_while_running(config),
+                            yield_cpu=yield_cpu)
+
+
+def evaluates_while_running(config: RunConfig) -> bool:
+    """Whether the launcher evaluates snapshots during the run (see `_start_evaluation`)."""
+    return config.stop_at_target or not config.pin
 
 
 def _progress_bar(config: RunConfig) -> tqdm | None:
