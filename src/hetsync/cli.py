@@ -35,7 +35,9 @@ _RUN_HELP = {
     "(emulated: sleeps) | cpu:ranks=1,share=0.25 (real: the kernel caps those workers at that "
     "share of one core, a cgroup; needs root)",
     "pin": "give each worker cores of its own (CPU affinity); the launcher takes the cores "
-    "left over, or shares the last worker's",
+    "left over, or shares the last worker's. Where cores are SMT siblings (hyperthreads of one "
+    "physical core), workers of fewer cores than a physical core's threads each get a "
+    "different physical core first, and workers of more get whole physical cores",
     "cpus_per_worker": "with --pin: cores per worker",
     "keep_awake": "with --pin: a busy loop at the lowest priority (SCHED_IDLE) on each "
     "worker's cores, so that a core whose worker waits for a message does not idle (an idle "
@@ -43,7 +45,10 @@ _RUN_HELP = {
     "max_time": "stop after this many seconds",
     "max_iterations": "stop after this many iterations",
     "target_loss": "target for the consensus test loss: time to target is measured to it",
-    "stop_at_target": "stop every worker once the target loss is reached",
+    "stop_at_target": "stop every worker once the target loss is reached. Without it, a "
+    "pinned run evaluates nothing until its workers are done (nothing in the run depends on "
+    "it, and a launcher evaluating beside pinned workers slows them); the time to target is "
+    "still found from the snapshots",
     "seed": "seed for the model, shards and random slowdowns",
     "batch_size": "minibatch size per worker",
     "lr": "learning rate",

@@ -39,9 +39,10 @@ class Options:
                                "ms to wait for a full group")
     """Then the Group Generator groups whoever waits."""
     preduce: str = option("auto", choices=PREDUCE_KINDS, help="Prague: P-Reduce "
-                          "implementation: auto (by the network model), mesh, ring, leader or "
+                          "implementation: auto (by the network model; without one, mesh under "
+                          "4 MiB and ring from there), mesh, ring, leader or "
                           "subgroup")
-    """Auto: mesh on a free network."""
+    """Auto: on a free network mesh under 4 MiB, ring from there (hetsync.transport.preduce)."""
     overlap: bool = option(True, help="Prague (Group Generator): P-Reduces run beside the next "
                            "step's compute (averages land one step late)")
     """As D-PSGD's; measured sooner to the target, and 94-97 % of the ideal throughput against
