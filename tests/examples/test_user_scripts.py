@@ -40,7 +40,11 @@ def test_gru_language_model_learns(protocol, tmp_path):
     assert result["val_loss"] < 0.75 * math.log(96)  # well below a uniform guess
 
 
-@pytest.mark.parametrize(("protocol", "options"), [("dpsgd", {}), ("ps", {"ps_mode": "sync"})])
+@pytest.mark.parametrize(("protocol", "options"), [
+    ("dpsgd", {}),
+    # CI time: the PS's running statistics are tests/api/test_user_scripts.py's too
+    pytest.param("ps", {"ps_mode": "sync"}, marks=pytest.mark.slow),
+])
 def test_batchnorm_mlp_learns_with_its_running_statistics(protocol, options, tmp_path):
     result = _run(MLP, protocol, tmp_path, **options)
     assert result["val_accuracy"] > 0.9  # evaluated in eval mode: running statistics

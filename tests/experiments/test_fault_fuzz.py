@@ -65,7 +65,9 @@ def _case(ff, index: int, variant: str, faults: list[str], lost: int,
     ("hop-backup1", ["kill:rank=2,at=1s", "delay-messages:p=0.1,ms=20"], 2, False),
     pytest.param("prague-no-overlap", ["stop:rank=3,at=1s", "stop:rank=1,at=0.5s,for=0.5s"],
                  3, False, marks=pytest.mark.slow),  # the stop for good waits out a hang timeout
-    ("ps-async", ["kill:rank=0,at=1s"], 0, True),
+    pytest.param("ps-async", ["kill:rank=0,at=1s"], 0, True,
+                 marks=pytest.mark.slow),  # CI time: tests/launch/test_lost_workers.py kills
+    # the async server too (test_losing_the_rank_that_hosts_a_service_still_ends_the_run)
 ])
 def test_fixed_cases_end_as_promised(ff, tmp_path: Path, variant: str, faults: list[str],
                                      lost: int, essential: bool) -> None:

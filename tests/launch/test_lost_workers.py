@@ -21,8 +21,8 @@ _RUN = dict(workload="svm", workers=4, step_time=10.0, max_time=5.0, hang_timeou
 @pytest.mark.parametrize(("protocol", "options"), [
     ("hop", {"backup": 1}),
     ("prague", {}),
-    # AD-PSGD's loss is also resumed from in tests/launch/test_resume_after_loss.py, async PS's
-    # in the fault fuzz's fixed cases: behind slow here, for CI time.
+    # AD-PSGD's loss is also resumed from in tests/launch/test_resume_after_loss.py, async
+    # PS's server lost below: behind slow here, for CI time.
     pytest.param("adpsgd", {}, marks=pytest.mark.slow),
     pytest.param("ps", {"ps_mode": "async"}, marks=pytest.mark.slow),
 ])

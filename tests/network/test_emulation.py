@@ -32,8 +32,8 @@ def network_times(run_dir, rank: int) -> list[float]:
 
 @pytest.mark.parametrize(("protocol", "options", "messages"), [
     ("allreduce", {}, ring_allreduce(range(3), PAYLOAD)),
-    ("prague", {"schedule": "static", "preduce": "mesh", "group_size": 2},
-     mesh_reduce(range(2), PAYLOAD)),
+    pytest.param("prague", {"schedule": "static", "preduce": "mesh", "group_size": 2},
+                 mesh_reduce(range(2), PAYLOAD), marks=pytest.mark.slow),  # as overlapped's
     ("dpsgd", {}, ring_allreduce(range(2), 2 * PAYLOAD)[:2]),  # one copy each way
     ("prague", {"preduce": "mesh", "group_size": 2}, mesh_reduce(range(2), PAYLOAD)),
 ], ids=["allreduce", "preduce", "point-to-point", "preduce-overlapped"])
@@ -52,7 +52,8 @@ def test_logged_network_time_matches_the_model(protocol, options, messages, trai
 
 
 @pytest.mark.parametrize("protocol", [pytest.param("ddp", marks=pytest.mark.slow),  # CI time
-                                      "ps", "adpsgd", "hop"])
+                                      pytest.param("ps", marks=pytest.mark.slow),
+                                      "adpsgd", "hop"])
 def test_every_protocol_runs_and_learns_with_a_payload(protocol, train_run, loss_fell):
     """Two workers, one behind a 5x slower link, a 2 MB declared model."""
     result = train_run(protocol=protocol, workload="svm", workers=2, max_iterations=25,

@@ -29,7 +29,9 @@ def test_zero_lr_conserves_the_sum_and_reaches_consensus(
 
 @pytest.mark.parametrize(
     ("protocol", "topology", "ending"),
-    [("dpsgd", "ring", "stop"), ("adpsgd", "ring", "stop"), ("adpsgd", "ring", "loop"),
+    [("dpsgd", "ring", "stop"), ("adpsgd", "ring", "stop"),
+     # CI time: AD-PSGD's loop end is also tests/api/test_loop_ends.py's
+     pytest.param("adpsgd", "ring", "loop", marks=pytest.mark.slow),
      # CI time: as the cases above
      pytest.param("dpsgd", "ring", "loop", marks=pytest.mark.slow),
      pytest.param("dpsgd", "exponential", "stop", marks=pytest.mark.slow),

@@ -34,6 +34,7 @@ def test_with_nothing_relaxed_hop_computes_dpsgds_iterates(mode, train_run):
             expected, rel=1e-5, abs=1e-6)
 
 
+@pytest.mark.slow  # CI time: Hop computes D-PSGD's iterates (above), and D-PSGD's conserve
 def test_zero_lr_conserves_the_sum_and_reaches_consensus(check_zero_lr_consensus):
     check_zero_lr_consensus(protocol="hop", max_iterations=150)
 

@@ -19,7 +19,7 @@ MLP = [str(TESTS.parent / "examples" / "batchnorm_mlp.py"), "--epochs", "1", "--
 EPOCHS = TESTS / "launch" / "scripts" / "epochs.py"
 
 
-@pytest.mark.parametrize("outer", ["none", "nesterov"])
+@pytest.mark.parametrize("outer", ["none", pytest.param("nesterov", marks=pytest.mark.slow)])
 def test_svm_learns(outer, tmp_path):
     summary = run(RunConfig(protocol="localsgd", outer_optimizer=outer, workload="svm",
                             workers=2, max_iterations=100, stop_at_target=False, quiet=True,

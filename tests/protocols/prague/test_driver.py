@@ -35,7 +35,9 @@ def test_zero_lr_conserves_the_sum_and_reaches_consensus(options, check_zero_lr_
 
 
 @pytest.mark.parametrize(
-    "options", [{"schedule": "static"}, {"gg_policy": "random"}, {"group_size": 2},
+    "options", [pytest.param({"schedule": "static"}, marks=pytest.mark.slow),  # CI time:
+                # the static schedule's sum: zero-lr's above; its common stop: below
+                {"gg_policy": "random"}, {"group_size": 2},
                 pytest.param({"group_size": 2, **BETWEEN}, marks=pytest.mark.slow)],  # CI time
     ids=["static schedule", "random groups", "ready groups", "ready between steps"],
 )

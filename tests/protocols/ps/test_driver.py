@@ -185,7 +185,7 @@ def test_sync_follows_param_groups_and_the_workers_lr_schedule_like_allreduce(tm
         assert torch.allclose(ps_model, allreduce_model, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("mode", ["sync", pytest.param("async", marks=pytest.mark.slow)])
 def test_batchnorm_running_statistics_are_shared_through_the_server(tmp_path, mode):
     # Rank r's batches have mean 2r: running means kept locally differ by rank. Paced, so
     # that async workers finish within a few server versions of each other.
