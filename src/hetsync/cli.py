@@ -47,7 +47,8 @@ _RUN_HELP = {
     "target_loss": "target for the consensus test loss: time to target is measured to it",
     "stop_at_target": "stop every worker once the target loss is reached. Without it, a "
     "pinned run evaluates nothing until its workers are done (nothing in the run depends on "
-    "it, and a launcher evaluating beside pinned workers slows them); the time to target is "
+    "it, and a launcher evaluating beside pinned workers takes a core next to theirs), if the "
+    "snapshots it keeps until then fit in a quarter of the free disk; the time to target is "
     "still found from the snapshots",
     "seed": "seed for the model, shards and random slowdowns",
     "batch_size": "minibatch size per worker",

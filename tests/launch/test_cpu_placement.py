@@ -133,7 +133,14 @@ def test_under_torchrun_there_is_no_launcher_to_pin_or_cap(tmp_path, monkeypatch
 
 def test_a_pinned_run_that_does_not_stop_at_the_target_evaluates_after_its_workers():
     """Nothing in such a run depends on the evaluation, and a launcher evaluating beside
-    pinned workers slows the ones whose (host's) hyperthread it shares."""
-    assert not evaluates_while_running(RunConfig(workers=2, pin=True, stop_at_target=False))
-    assert evaluates_while_running(RunConfig(workers=2, pin=True))  # it may stop the run
-    assert evaluates_while_running(RunConfig(workers=2, stop_at_target=False))
+    pinned workers takes a core next to them; unless its snapshots would fill the disk."""
+    pinned = RunConfig(workers=2, pin=True, stop_at_target=False, max_time=30, eval_every=2)
+    mb = 2**20
+    assert not evaluates_while_running(pinned, set_bytes=90 * mb, free_bytes=10 * 2**30)
+    # 17 sets of 90 MB are 1.5 GB: more than a quarter of 4 GB free
+    assert evaluates_while_running(pinned, set_bytes=90 * mb, free_bytes=4 * 2**30)
+    assert evaluates_while_running(RunConfig(workers=2, pin=True, max_time=30), mb, 2**40)
+    assert evaluates_while_running(RunConfig(workers=2, stop_at_target=False, max_time=30),
+                                   mb, 2**40)
+    assert evaluates_while_running(RunConfig(workers=2, pin=True, stop_at_target=False,
+                                             max_iterations=100), mb, 2**40)

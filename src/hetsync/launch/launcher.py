@@ -37,7 +37,7 @@ from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
 from hetsync.launch.cpu_placement import CpuPlacement
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
-from hetsync.metrics.evaluator import Evaluator
+from hetsync.metrics.evaluator import Evaluator, WorkloadMeasure
 from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.protocols.catalog import essential_ranks
@@ -345,26 +345,38 @@ def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,
     """The built-in workload's evaluation beside the monitor loop; stops the run at target.
     `yield_cpu`: the launcher shares a pinned worker's core, which the evaluation leaves it.
 
-    A pinned run that does not stop at the target (the real suites') evaluates nothing until
-    its workers are done: nothing in the run depends on it, and a launcher evaluating a
-    ResNet takes a core for most of a run, whose hyperthread sibling (or the host's, under a
-    VM) may be a worker's. On a 16-core lease, 8 pinned workers computed 1.5-1.7x slower in
-    spells that moved from rank to rank, while the launcher's evaluation on the other 8 cores
-    was busy for most of each run (its first snapshot set took it that long). The time to
-    target is still found, by bisection of the snapshots afterwards."""
+    When it may, a pinned run that does not stop at the target (the real suites') evaluates
+    nothing until its workers are done (`evaluates_while_running`)."""
     evaluator = Evaluator.for_workload(
         run_dir, get_workload(config.workload), config.workers, config.eval_samples,
         data_dir=config.data_dir, device=config.device, keep_snapshots=config.keep_snapshots,
         on_consensus=stop_at_target(config, partial(control.set, STOP_KEY)),
         target_loss=config.target_loss,
     )
-    return EvaluationThread(evaluator, poll=evaluates_while_running(config),
-                            yield_cpu=yield_cpu)
+    measure = evaluator.measure
+    model = measure.model if isinstance(measure, WorkloadMeasure) else None
+    set_bytes = config.workers * sum(t.numel() * t.element_size()
+                                     for t in (model.state_dict().values() if model else ()))
+    poll = evaluates_while_running(config, set_bytes, shutil.disk_usage(run_dir).free)
+    return EvaluationThread(evaluator, poll=poll, yield_cpu=yield_cpu)
 
 
-def evaluates_while_running(config: RunConfig) -> bool:
-    """Whether the launcher evaluates snapshots during the run (see `_start_evaluation`)."""
-    return config.stop_at_target or not config.pin
+def evaluates_while_running(config: RunConfig, set_bytes: int, free_bytes: int) -> bool:
+    """Whether the launcher evaluates snapshots during the run, or leaves them all to after.
+
+    A pinned run that does not stop at the target has nothing in it that depends on its
+    evaluation, and the evaluation takes a core beside the workers it measures: on the
+    16-core lease, the launcher's first set of 8 ResNet models kept it busy for at least the
+    first half of each 10-s run (it evaluates at half a core on average), on cores that may
+    be hyperthread siblings of the workers' (or the host's, under a VM). Such a run
+    evaluates after its workers, the time to target found by bisection as before, if the
+    snapshots it will have written by then (`set_bytes` a set, one set each `eval_every`)
+    fit in a quarter of the disk's `free_bytes`: an evaluation during the run drops the sets
+    behind it."""
+    if config.stop_at_target or not config.pin or config.max_time is None:
+        return True
+    sets = config.max_time / config.eval_every + 2  # the first and the final
+    return sets * set_bytes > free_bytes / 4
 
 
 def _progress_bar(config: RunConfig) -> tqdm | None:
