@@ -97,7 +97,8 @@ uptime; uname -r; ls /sys/fs/cgroup | head -5; cat /sys/fs/cgroup/cgroup.subtree
 grep '^cpu' /proc/stat  # steal time, the 8th column: what the host took from each vCPU
 rm -rf runs/lease/bench-real
 timeout -s INT -k 20 ${REAL_LIMIT:-250} $HS bench --suite real --workload "$REAL_WORKLOAD" \
-    --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real
+    --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real \
+    ${REAL_CPUS:+--cpus-per-worker "$REAL_CPUS"}  # REAL_CPUS=2: the 2 cores a worker
 grep '^cpu' /proc/stat
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
 }

@@ -268,6 +268,8 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
                        "the workers' real numerical updates too (svm only) (default: off)")
     bench.add_argument("--variants", help="comma-separated variant labels: run only these "
                        "and the suite's reference runs, e.g. hop,allreduce (default: all)")
+    bench.add_argument("--cpus-per-worker", type=int, help="cores per worker in a suite that "
+                       "pins its workers (real, real-small) (default: 1)")
     bench.add_argument("--resume", action="store_true", help="finish an interrupted suite in "
                        "--out without redoing its finished runs")
     bench.add_argument("--list", action="store_true", help="list the suites and exit")

@@ -162,3 +162,14 @@ def test_workload_the_real_suite_does_not_run_is_refused_in_one_line(capsys):
     err = capsys.readouterr().err
     assert code == 2 and "--workload cnn: suite real runs resnet and mlp-wide only" in err
     assert err.count("\n") == 1
+
+
+def test_cpus_per_worker_gives_every_real_run_that_many_cores_and_is_refused_elsewhere(
+        tmp_path):
+    options = BenchOptions(suite="real-small", variants="hop", cpus_per_worker=2).check()
+    runs = plan(options.chosen_suite(), options, tmp_path)
+    assert {r.config.cpus_per_worker for r in runs} == {2}  # the solo runs too: the ideal's
+    with pytest.raises(ConfigError, match="--cpus-per-worker applies to the suites that pin"):
+        BenchOptions(suite="headline", cpus_per_worker=2).check()
+    with pytest.raises(ConfigError, match="--cpus-per-worker must be >= 1"):
+        BenchOptions(suite="real", cpus_per_worker=0).check()
