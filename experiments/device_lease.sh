@@ -7,7 +7,8 @@
 # 1. set-up: hetsync installed without dependencies into the machine's own Python, which has
 #    CUDA torch and the rest (the machine has no network); Fashion-MNIST from .data/ if it
 #    travelled (`carry`);
-# then the steps STEPS names, in the order it names them:
+# then the steps STEPS names, in the order it names them (the real suite also takes
+# REAL_CPUS, cores a worker, and REAL_REPEATS, runs a cell):
 #    correctness: in parallel, the `gpu` tests and the state-dict runs; `hetsync train
 #        --workers 4` with the defaults under every protocol; a user's script with its model
 #        on the GPU (examples/batchnorm_mlp.py) under every protocol, its held-out accuracy
@@ -98,7 +99,7 @@ grep '^cpu' /proc/stat  # steal time, the 8th column: what the host took from ea
 rm -rf runs/lease/bench-real
 timeout -s INT -k 20 ${REAL_LIMIT:-250} $HS bench --suite real --workload "$REAL_WORKLOAD" \
     --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real \
-    ${REAL_CPUS:+--cpus-per-worker "$REAL_CPUS"}  # REAL_CPUS=2: the 2 cores a worker
+    ${REAL_CPUS:+--cpus-per-worker "$REAL_CPUS"} ${REAL_REPEATS:+--repeats "$REAL_REPEATS"}
 grep '^cpu' /proc/stat
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
 }
