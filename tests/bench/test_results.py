@@ -134,6 +134,8 @@ REAL = Suite(
     (Setting("solo", workers=1, variants=SOLO, step_time=0.0, reference=True),
      Setting("solo at share", "cpu:ranks=0,share=0.25", workers=1, variants=SOLO,
              step_time=0.0, reference=True),
+     Setting("alone at once", workers=4, variants=(Variant.of("alone", protocol="allreduce"),),
+             step_time=0.0, reference=True, side_by_side=True),
      Setting("homogeneous", step_time=0.0),
      Setting("slow", "cpu:ranks=1,share=0.25", step_time=0.0)),
     (Variant.of("allreduce", protocol="allreduce"), Variant.of("adpsgd", protocol="adpsgd")),
@@ -151,6 +153,7 @@ def test_a_real_suite_takes_its_ideal_and_compute_inflation_from_one_worker_alon
                 "compute_ms_median": compute_ms, "iterations": [10, 10, 9, 11]}
 
     write(runs, {("solo", "solo"): [real(600, 52)], ("solo at share", "solo"): [real(150, 210)],
+                 ("alone at once", "alone"): [real(2000, 62)],  # 500 each: the machine's own
                  ("homogeneous", "allreduce"): [real(1560, 65)],
                  ("homogeneous", "adpsgd"): [real(2232, 51)],
                  ("slow", "allreduce"): [real(500, 60)], ("slow", "adpsgd"): [real(1600, 55)]})
@@ -160,9 +163,15 @@ def test_a_real_suite_takes_its_ideal_and_compute_inflation_from_one_worker_alon
     assert homogeneous["adpsgd"]["ideal_fraction"] == 0.93
     assert homogeneous["allreduce"]["compute_inflation"] == 1.25  # 65 / 52
     assert slow["adpsgd"]["ideal_samples_per_s"] == 1950  # 3 x 600 + 150
+    # Against the 4 alone at once: 4 x 500, and 3 x 500 + the straggler's own 150
+    assert homogeneous["adpsgd"]["alone_at_once_samples_per_s"] == 2000
+    assert homogeneous["allreduce"]["alone_at_once_fraction"] == 0.78
+    assert homogeneous["allreduce"]["alone_at_once_inflation"] == 1.048  # 65 / 62
+    assert slow["adpsgd"]["alone_at_once_samples_per_s"] == 1650
     assert [h["setting"] for h in results["headline"]] == ["homogeneous", "slow"]
-    table = real_table(results["settings"][2])
-    assert "| adpsgd | not reached (> 60) | 2232 | 93.0% | 51 | 0.98x | 9 / 10 / 11 |" in table
+    table = real_table(results["settings"][3])
+    assert ("| adpsgd | not reached (> 60) | 2232 | 93.0% | 111.6% | 51 | 0.98x | 0.82x | "
+            "9 / 10 / 11 |") in table
 
 
 def test_the_header_names_every_workload_with_its_target():

@@ -130,7 +130,8 @@ def test_variants_runs_the_named_rows_and_every_reference(tmp_path):
     for run in runs:
         by_setting.setdefault(run.setting.name, set()).add(run.variant.label)
     references = {s.name for s in get_suite("real-small").settings if s.reference}
-    assert references and all(by_setting[name] == {"solo"} for name in references)
+    assert references and all(by_setting[name] in ({"solo"}, {"alone at once"})
+                              for name in references)
     others = set(by_setting) - references
     assert others and all(by_setting[name] == {"hop", "allreduce"} for name in others)
 
@@ -147,13 +148,15 @@ def test_workload_keeps_a_real_suites_settings_of_that_workload(tmp_path):
     options = BenchOptions(suite="real", workload="mlp-wide", variants="hop-stale-skip")
     runs = plan(options.chosen_suite(), options, tmp_path)
     assert {r.config.workload for r in runs} == {"mlp-wide"}
-    assert {r.variant.label for r in runs} == {"solo", "hop-stale-skip"}
-    assert sum(r.setting.reference for r in runs) == 2
+    assert {r.variant.label for r in runs} == {"solo", "alone at once", "hop-stale-skip"}
+    assert sum(r.setting.reference for r in runs) == 3
+    side = [r for r in runs if r.setting.side_by_side]  # the 8 workers alone at once
+    assert len(side) == 1 and side[0].config.workers == 8 and side[0].setting.reference
     # CPU cores are what a real suite measures, also on a GPU machine (where auto means cuda)
     assert {(r.config.device, r.config.pin, r.config.stop_at_target) for r in runs} == {
         ("cpu", True, False)}  # and every run lasts its cap: "of ideal" compares rates
     assert len(plan(BenchOptions(suite="real").chosen_suite(), BenchOptions(suite="real"),
-                    tmp_path)) == 44  # a workload that is not its own leaves the suite whole
+                    tmp_path)) == 46  # a workload that is not its own leaves the suite whole
 
 
 def test_workload_the_real_suite_does_not_run_is_refused_in_one_line(capsys):

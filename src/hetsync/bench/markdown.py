@@ -58,9 +58,18 @@ def setting_table(setting: dict[str, Any]) -> str:
     return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
 
 
-_REAL_COLUMNS = ("protocol", "time to target (s)", "samples/s", "of ideal", "compute step (ms)",
-                 "compute inflation", "iterations (min / median / max)",
+_REAL_COLUMNS = ("protocol", "time to target (s)", "samples/s", "of ideal", "of alone at once",
+                 "compute step (ms)", "compute inflation", "compute vs alone at once",
+                 "iterations (min / median / max)",
                  "CPU ms per iteration, by thread", "final accuracy", "sync wait")
+
+
+_REAL_UNITS = (
+    ", each measured alone (the `solo` runs, pinned the same way); \"compute inflation\" is the "
+    "median compute step over the solo one's; \"of alone at once\" and \"compute vs alone at "
+    "once\" set them against the n workers each alone at the same time, on the same cores "
+    "(the machine's own limit). Real compute and real CPU quotas: nothing emulated")
+_ALONE = ", each alone (a world of one), all at the same time"
 
 
 def real_table(setting: dict[str, Any]) -> str:
@@ -70,8 +79,9 @@ def real_table(setting: dict[str, Any]) -> str:
     for row in setting["results"]:
         lines.append((
             row["label"], _time(row), sig(row["samples_per_s"]),
-            percent(row.get("ideal_fraction")), sig(row["compute_ms_median"]),
-            _ratio(row.get("compute_inflation")), iteration_spread(row["iterations"]),
+            percent(row.get("ideal_fraction")), percent(row.get("alone_at_once_fraction")),
+            sig(row["compute_ms_median"]), _ratio(row.get("compute_inflation")),
+            _ratio(row.get("alone_at_once_inflation")), iteration_spread(row["iterations"]),
             thread_cpu(row["thread_cpu_ms_per_iteration"]), percent(row["final_accuracy"]),
             percent(row["sync_wait_fraction"]),
         ))
@@ -205,10 +215,7 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
         f"shown), {results['runs_done']} of {results['runs_total']} runs done. Speed-ups are "
         "ratios of time to target; \"≥\" marks a bound where the baseline never reached the "
         "target in its run; \"of ideal\" is the throughput over the sum of the workers' own "
-        "speeds" + (", each measured alone (the `solo` runs, pinned the same way); \"compute "
-                    "inflation\" is the median compute step over the solo one's. Real "
-                    "compute and real CPU quotas: nothing emulated" if results.get("real")
-                    else "") + ".\n",
+        "speeds" + (_REAL_UNITS if results.get("real") else "") + ".\n",
         *(["Simulated (`hetsync simulate`, docs/simulator.md): times are simulated seconds, "
            "compute is the step time x slowdown, every message is charged by the network "
            "model (the machine's loopback where no network is emulated), and the protocols' "
@@ -232,8 +239,9 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
         if results.get("real"):
             sections += [
                 f"## {setting['name']}\n",
-                f"{setting['workers']} worker(s) pinned to cores of their own, real compute "
-                f"(no emulated step), slowdown `{setting['slowdown']}` (a real CPU quota).\n",
+                f"{setting['workers']} worker(s) pinned to cores of their own"
+                f"{_ALONE if setting.get('side_by_side') else ''}, real compute (no emulated "
+                f"step), slowdown `{setting['slowdown']}` (a real CPU quota).\n",
                 real_table(setting),
                 *([] if setting["reference"] else _run_figures(setting, runs, out)),
             ]

@@ -101,6 +101,7 @@ def collect_setting(setting: Setting, suite: Suite, runs: list[PlannedRun],
         "name": setting.name,
         "workload": first.workload if first else setting.workload,
         "reference": setting.reference,
+        "side_by_side": setting.side_by_side,
         "step_time": first.step_time if first else setting.step_time,
         "slowdown": setting.slowdown,
         "network": first.network if first else setting.network,
@@ -134,22 +135,45 @@ def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
     """A real suite's ideal, from its reference runs: each worker computing alone, so n times
     one worker's throughput alone, with a worker at a CPU share counted at its own measured
     alone at that share; and each row's compute inflation, its median compute step over one
-    worker's alone. Set in place on the rows of the non-reference settings."""
-    alone = {(s.workload, s.slowdown != "none"): out["results"][0]
+    worker's alone. Where the suite ran its n workers alone at once (`Setting.side_by_side`),
+    each row is also set against that, the machine's own limit: n times their mean rate (a
+    worker at a share again counted at its own alone), and their median compute step. Set in
+    place on the rows of the non-reference settings."""
+    alone = {(s.workload, _reference_kind(s)): out
              for s, out in zip(suite.settings, settings, strict=True) if s.reference}
     for setting, out in zip(suite.settings, settings, strict=True):
         if setting.reference:
             continue
-        solo, slow = alone.get((setting.workload, False)), alone.get((setting.workload, True))
+        solo, slow, side = (alone.get((setting.workload, kind), {}).get("results", [None])[0]
+                            for kind in ("solo", "share", "side"))
         slowed = len(parse_slowdown(setting.slowdown).ranks)
-        rates = [solo and solo["samples_per_s"], slow and slow["samples_per_s"]]
-        ideal = ((out["workers"] - slowed) * rates[0] + slowed * (rates[1] or 0)
-                 if rates[0] and (rates[1] or not slowed) else None)
+        n = out["workers"]
+        slow_rate = slow and slow["samples_per_s"]
+        ideal = _ideal(n, slowed, solo and solo["samples_per_s"], slow_rate)
+        side_workers = alone.get((setting.workload, "side"), {}).get("workers")
+        each = side and side_workers == n and side["samples_per_s"] and (
+            side["samples_per_s"] / n)
+        at_once = _ideal(n, slowed, each or None, slow_rate)
         for row in out["results"]:
             row["ideal_samples_per_s"] = round(ideal, 2) if ideal else None
             row["ideal_fraction"] = _ratio(row["samples_per_s"], ideal)
             row["compute_inflation"] = _ratio(row["compute_ms_median"],
                                               solo and solo["compute_ms_median"])
+            row["alone_at_once_samples_per_s"] = round(at_once, 2) if at_once else None
+            row["alone_at_once_fraction"] = _ratio(row["samples_per_s"], at_once)
+            row["alone_at_once_inflation"] = _ratio(
+                row["compute_ms_median"], each and side["compute_ms_median"])
+
+
+def _reference_kind(setting: Setting) -> str:
+    return "side" if setting.side_by_side else "share" if setting.slowdown != "none" else "solo"
+
+
+def _ideal(workers: int, slowed: int, rate: float | None, slow_rate: float | None) -> float | None:
+    """`workers` at `rate` each, `slowed` of them at `slow_rate` instead; None if unknown."""
+    if not rate or (slowed and not slow_rate):
+        return None
+    return (workers - slowed) * rate + slowed * (slow_rate or 0)
 
 
 def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],

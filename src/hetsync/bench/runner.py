@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from hetsync.bench.progress import SuiteProgress
+from hetsync.bench.side_by_side import run_side_by_side
 from hetsync.bench.suites import Setting, Suite, Variant, eval_every, get_suite
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, Deadlock, WorkerFailed
@@ -221,7 +222,8 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
                          [(r.config.workers, r.config.max_time or 0.0) for _, r in todo[i:]])
         (run.run_dir / FAILED_FILE).unlink(missing_ok=True)
         try:
-            outcome = _outcome(start(run.config).summary)
+            begin = run_side_by_side if run.setting.side_by_side else start
+            outcome = _outcome(begin(run.config).summary)
         except (WorkerFailed, Deadlock) as error:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             (run.run_dir / FAILED_FILE).write_text(f"{error}\n")
@@ -239,6 +241,8 @@ def in_rounds(todo: list[tuple[int, PlannedRun]]) -> list[tuple[int, PlannedRun]
 
 
 def _outcome(summary: dict) -> str:
+    if summary.get("side_by_side"):
+        return f"{summary['samples_per_s']:.0f} samples/s in all, each worker alone"
     ttt = summary["time_to_target_s"]
     reached = f"target in {ttt:.1f} s" if ttt is not None else "target not reached"
     rate = summary["samples_per_s"]

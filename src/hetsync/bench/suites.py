@@ -57,6 +57,9 @@ class Setting:
     """None: the bench's --workload."""
     reference: bool = False
     """Real suites: one worker alone (the ideal's measure), not a protocol comparison."""
+    side_by_side: bool = False
+    """A reference run of `workers` worlds of one at once, each pinned as its rank is in the
+    protocols' runs (hetsync.bench.side_by_side): what the machine lets n computes do."""
 
 
 @dataclass(frozen=True)
@@ -244,6 +247,10 @@ PAPER_RATIOS = (("paper · homogeneous", "allreduce", 1.2), ("paper · one 5x sl
 #: Real suites: the reference variant, one worker alone (a world of one averages nothing).
 SOLO = Variant.of("solo", "one worker alone, pinned as the others: the ideal's unit",
                   protocol="allreduce")
+#: Real suites' second reference: n workers each alone, all at once, nothing exchanged.
+ALONE = Variant.of("alone at once", "each worker alone (a world of one) on its own cores, "
+                   "all at the same time: what the machine itself lets n computes do",
+                   protocol="allreduce")
 #: A straggler by real CPU contention: the kernel gives it a quarter of a core.
 SHARE = 0.25
 #: Real suites' workloads: a small real compute (ResNet-18 of width 8, 0.7 MB a message) and a
@@ -263,7 +270,8 @@ REAL_RUN_OPTIONS = MappingProxyType({"pin": True, "device": "cpu", "stop_at_targ
 
 def _real(workers: int, slow_rank: int, workloads: tuple[str, ...]) -> tuple[Setting, ...]:
     """Per workload: one worker alone, one alone at the straggler's share (the ideal's two
-    units), then every protocol homogeneous and with `slow_rank` at that share."""
+    units), all of them alone at once (the machine's own limit), then every protocol
+    homogeneous and with `slow_rank` at that share."""
     settings = []
     for workload in workloads:
         settings += [
@@ -272,6 +280,8 @@ def _real(workers: int, slow_rank: int, workloads: tuple[str, ...]) -> tuple[Set
             Setting(f"solo at share {SHARE:g} · {workload}", f"cpu:ranks=0,share={SHARE:g}",
                     workers=1, variants=(SOLO,), workload=workload, step_time=0.0,
                     reference=True),
+            Setting(f"{workers} alone at once · {workload}", workers=workers, variants=(ALONE,),
+                    workload=workload, step_time=0.0, reference=True, side_by_side=True),
             Setting(f"homogeneous · {workload}", workers=workers, workload=workload,
                     step_time=0.0),
             Setting(f"rank {slow_rank} at share {SHARE:g} · {workload}",

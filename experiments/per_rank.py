@@ -1,0 +1,74 @@
+"""Each rank of each run of a bench folder, second by second: who computed slower, and when.
+
+    python experiments/per_rank.py BENCH_OUT [--json FILE]
+
+Reads the workers' rows (`runs/<setting>/<variant>/r<k>/workers/rank*.jsonl`) and prints,
+per run and rank: iterations, the median compute step, the sync wait and the time in
+compute in all, the iterations Hop skipped; then each rank's median compute step in each
+second of the run. A compute step raised on one rank for a few seconds and then on another
+points at the machine (a busy hyperthread sibling, a host's steal), one raised on every rank
+all the run at the protocol. Quoted in docs/benchmarks.md (the leases' sections).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+
+def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One rank's totals and its median compute step (ms) in each whole second."""
+    by_second: dict[int, list[float]] = {}
+    for row in rows:
+        by_second.setdefault(int(row["t"]), []).append(row["compute_s"])
+    return {
+        "iterations": len(rows),
+        "compute_ms_median": round(1000 * statistics.median(r["compute_s"] for r in rows), 1),
+        "sync_wait_s": round(sum(r.get("sync_wait_s", 0.0) for r in rows), 3),
+        "compute_s": round(sum(r["compute_s"] for r in rows), 2),
+        "skipped": sum(int(r.get("skipped", 0)) for r in rows),
+        "per_second_ms": [round(1000 * statistics.median(by_second[s]))
+                          for s in sorted(by_second)],
+    }
+
+
+def run_figures(run_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every rank of one run that wrote rows."""
+    figures = {}
+    for path in sorted((run_dir / "workers").glob("rank*.jsonl"),
+                       key=lambda p: int(p.stem.removeprefix("rank"))):
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if rows:
+            figures[path.stem] = rank_figures(rows)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_out", type=Path, help="a `hetsync bench --out` folder")
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    every = {}
+    for run_dir in sorted(args.bench_out.glob("runs/*/*/r*")):
+        name = "/".join(run_dir.parts[-3:])
+        figures = run_figures(run_dir)
+        if not figures:
+            continue
+        every[name] = figures
+        print(f"\n{name}")
+        for rank, f in figures.items():
+            print(f"  {rank:6} {f['iterations']:4} it  compute med {f['compute_ms_median']:6.1f} ms"
+                  f"  sync {1000 * f['sync_wait_s']:6.0f} ms  skipped {f['skipped']:3}"
+                  f"  compute sum {f['compute_s']:5.2f} s")
+        print("  per second (median compute step, ms):")
+        for rank, f in figures.items():
+            print(f"  {rank:6} " + " ".join(f"{ms:4}" for ms in f["per_second_ms"]))
+    if args.json:
+        args.json.write_text(json.dumps(every, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
