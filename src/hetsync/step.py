@@ -46,6 +46,11 @@ class Step:
     on_phase: Callable[[str], None] | None = None
     _synced: bool = False
 
+    def count_seconds(self, key: str, seconds: float) -> None:
+        """Add `seconds` to the row's figure `key` in `extra` (an iteration may wait, or
+        work, several times for one cause)."""
+        self.extra[key] = float(self.extra.get(key, 0.0)) + seconds  # type: ignore[arg-type]
+
     def begin_sync(self) -> None:
         """Finish the emulated compute of this iteration (idempotent); see the module doc."""
         if not self._synced:

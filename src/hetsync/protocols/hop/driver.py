@@ -13,9 +13,11 @@ The training thread owns the core:
     before_optimizer_step: ComputeFinished(k) -> Aggregate, ReturnTokens          (or Wait)
 
 On `Wait` it blocks on the inbox; a wait longer than `--hang-timeout` raises an error that
-names the ranks and tags it waited for. The model sent in iteration k is x_k, the one the
-gradient is computed on, as in D-PSGD: with no backup, staleness or skipping, Hop computes
-exactly D-PSGD's iterates.
+names the ranks and tags it waited for. Each row says what its iteration waited for, and for
+how long: `wait_update_from_<j>_s`, `wait_token_from_<j>_s`, and `wait_send_to_<j>_s` for a
+send to j not yet taken in when the next update was due. The model sent in iteration k is
+x_k, the one the gradient is computed on, as in D-PSGD: with no backup, staleness or
+skipping, Hop computes exactly D-PSGD's iterates.
 
 Stopping. Workers stop independently (no agreement is needed: nobody waits for a worker that
 left). A stopping worker sends an end marker on each of its channels, after its last update
@@ -156,11 +158,15 @@ class Hop(Protocol):
         """Feed `event`, then incoming messages for as long as the core says `Wait`."""
         decisions = self.core.handle(event)
         while (wait := self._execute(decisions, step)) is not None:
+            began = time.perf_counter()
             with step.blocking():
                 try:
                     item = self.inbox.get(timeout=self.timeout)
                 except queue.Empty:
                     raise TimeoutError(self._describe(wait)) from None
+            waited = time.perf_counter() - began
+            for key in _wait_keys(wait):
+                step.count_seconds(key, waited)
             decisions = self.core.handle(self._unpack(item))
 
     def _unpack(self, item: _Item) -> Event:
@@ -196,7 +202,7 @@ class Hop(Protocol):
         again = decision.tag == self._update_tag  # a deferred update: the message as first sent
         if not again or self.network is not None:
             with self._step.blocking():
-                self._wait_sends()  # the last update's: long done unless a peer is stuck
+                self._wait_sends(self._step)  # the last update's: done unless a peer is stuck
         header = UpdateHeader(decision.tag, self._stamp()).encode()
         if again:
             if self.network is not None:  # charged from when it goes
@@ -234,9 +240,15 @@ class Hop(Protocol):
         """A token message returning `count` tokens (None: the end marker)."""
         return self.link.pack(TOKEN_FRAME, TokenHeader(count).encode())
 
-    def _wait_sends(self) -> None:
+    def _wait_sends(self, step: Step | None = None) -> None:
+        """Wait for the sends in flight; `step`'s row counts each wait over a millisecond
+        (`wait_send_to_<j>_s`: a receiver that has not taken the last update in yet)."""
         for work, _, to in self._sends:  # to a lost peer: given up, NeighbourLost follows
+            began = time.perf_counter()
             unless_lost(self.runtime.lost, to, partial(self.link.wait, work, to))
+            waited = time.perf_counter() - began
+            if step is not None and waited > 1e-3:
+                step.count_seconds(f"wait_send_to_{to}_s", waited)
         self._sends.clear()
 
     def _on_lost(self, rank: int) -> None:
@@ -345,3 +357,10 @@ class Hop(Protocol):
             self._channels.wait_for(self._ended)
         while not self.inbox.empty():
             self._unpack(self.inbox.get_nowait())  # raises what a receiver thread hit
+
+
+def _wait_keys(wait: Wait) -> list[str]:
+    """The row's keys for what a `Wait` waits for (every one it lists shares its time: the
+    iteration goes on only once none is missing)."""
+    return ([f"wait_update_from_{j}_s" for j in wait.updates]
+            + [f"wait_token_from_{j}_s" for j in wait.tokens])

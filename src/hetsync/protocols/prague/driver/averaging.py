@@ -18,7 +18,7 @@ __all__ = ["GroupAverager", "add_time"]
 
 def add_time(step: Step, key: str, began: float) -> None:
     """Accumulate the seconds since `began` in the row's `key` (a step may wait several times)."""
-    step.extra[key] = float(step.extra.get(key, 0.0)) + time.perf_counter() - began  # type: ignore[arg-type]
+    step.count_seconds(key, time.perf_counter() - began)
 
 
 class GroupAverager:
