@@ -15,9 +15,8 @@
 #        beside DDP's;
 #    gpu-tests: the `gpu` tests and the state-dict runs alone;
 #    gpu: the `gpu` suite, trimmed to one variant per family that matters here, short runs;
-#    real: the `real` suite (8 pinned workers, real compute), trimmed likewise, one workload;
-#    side-by-side: 8 workers alone at once, each pinned as in `real`: what the machine
-#        itself does to a compute step when 8 run (against the suite's one alone);
+#    real: the `real` suite (8 pinned workers, real compute), trimmed likewise, one workload,
+#        with its references: one worker alone, and the 8 alone at once (the machine's limit);
 #    tests: the whole test suite, 12 at a time (pytest-xdist is there).
 # Each step has its own time limit, so a slow one cannot eat the next; what each wrote is
 # packed into OUT/results.tgz (snapshots and checkpoints left out).
@@ -97,25 +96,11 @@ say "the real suite on $REAL_WORKLOAD: $REAL_VARIANTS, $MAX_TIME s a run"
 uptime; uname -r; ls /sys/fs/cgroup | head -5; cat /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
 grep '^cpu' /proc/stat  # steal time, the 8th column: what the host took from each vCPU
 rm -rf runs/lease/bench-real
-timeout -s INT -k 20 ${REAL_LIMIT:-250} $HS bench --suite real --workload "$REAL_WORKLOAD" \
+timeout -s INT -k 20 ${REAL_LIMIT:-360} $HS bench --suite real --workload "$REAL_WORKLOAD" \
     --variants "$REAL_VARIANTS" --max-time "$MAX_TIME" --out runs/lease/bench-real \
     ${REAL_CPUS:+--cpus-per-worker "$REAL_CPUS"} ${REAL_REPEATS:+--repeats "$REAL_REPEATS"}
 grep '^cpu' /proc/stat
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
-}
-
-step_side_by_side() {  # the machine's own inflation: 8 solo runs at once, nothing shared
-say "workers alone side by side on $REAL_WORKLOAD, $MAX_TIME s: each on a core of its own"
-N=${SIDE_WORKERS:-8}
-PIDS=()
-for r in $(seq 0 $((N - 1))); do  # the worker on core r, its launcher on core r + N
-    timeout 90 taskset -c "$r,$((r + N))" $HS train --workload "$REAL_WORKLOAD" --workers 1 \
-        --pin --device cpu --max-time "$MAX_TIME" --no-stop-at-target --quiet \
-        --out "runs/lease/side/$r" > "runs/lease/side-$r.txt" 2>&1 &
-    PIDS+=($!)
-done
-wait "${PIDS[@]}"  # not a bare `wait`: it would wait for the log's `tee` too
-grep -ho '"compute_ms_median": [0-9.]*' runs/lease/side/*/summary.json
 }
 
 step_tests() {  # not by default: the whole `make test`, 12 at a time

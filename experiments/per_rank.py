@@ -4,7 +4,8 @@
 
 Reads the workers' rows (`runs/<setting>/<variant>/r<k>/workers/rank*.jsonl`) and prints,
 per run and rank: iterations, the median compute step, the sync wait and the time in
-compute in all, the iterations Hop skipped; then each rank's median compute step in each
+compute in all, the iterations Hop skipped and what Hop's iterations waited for (the three
+longest causes); then each rank's median compute step in each
 second of the run. A compute step raised on one rank for a few seconds and then on another
 points at the machine (a busy hyperthread sibling, a host's steal), one raised on every rank
 all the run at the protocol. Quoted in docs/benchmarks.md (the leases' sections).
@@ -22,8 +23,13 @@ from typing import Any
 def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One rank's totals and its median compute step (ms) in each whole second."""
     by_second: dict[int, list[float]] = {}
+    waited: dict[str, float] = {}
     for row in rows:
         by_second.setdefault(int(row["t"]), []).append(row["compute_s"])
+        for key, value in row.items():
+            if key.startswith("wait_"):  # Hop's: what the iteration waited for
+                cause = key.removeprefix("wait_").removesuffix("_s")
+                waited[cause] = waited.get(cause, 0.0) + value
     return {
         "iterations": len(rows),
         "compute_ms_median": round(1000 * statistics.median(r["compute_s"] for r in rows), 1),
@@ -32,6 +38,8 @@ def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "skipped": sum(int(r.get("skipped", 0)) for r in rows),
         "per_second_ms": [round(1000 * statistics.median(by_second[s]))
                           for s in sorted(by_second)],
+        "waited_s": {cause: round(seconds, 3) for cause, seconds
+                     in sorted(waited.items(), key=lambda item: -item[1])},
     }
 
 
@@ -62,7 +70,9 @@ def main() -> None:
         for rank, f in figures.items():
             print(f"  {rank:6} {f['iterations']:4} it  compute med {f['compute_ms_median']:6.1f} ms"
                   f"  sync {1000 * f['sync_wait_s']:6.0f} ms  skipped {f['skipped']:3}"
-                  f"  compute sum {f['compute_s']:5.2f} s")
+                  f"  compute sum {f['compute_s']:5.2f} s"
+                  + "".join(f"  {cause} {1000 * sec:.0f} ms"
+                            for cause, sec in list(f["waited_s"].items())[:3]))
         print("  per second (median compute step, ms):")
         for rank, f in figures.items():
             print(f"  {rank:6} " + " ".join(f"{ms:4}" for ms in f["per_second_ms"]))

@@ -19,6 +19,7 @@ import json
 import multiprocessing
 import os
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,10 @@ def run_side_by_side(config: RunConfig) -> RunResult:
         process.start()
         processes.append(process)
     limit = (config.max_time or RunConfig.DEFAULT_MAX_TIME) + MARGIN_S
+    deadline = time.monotonic() + limit
     try:
         for rank, process in enumerate(processes):
-            process.join(limit)
+            process.join(max(0.0, deadline - time.monotonic()))
             if process.exitcode is None:
                 raise WorkerFailed(rank, f"(alone, side by side) was still running {limit:g} s "
                                    f"after its start; its run: {out / 'alone' / f'rank{rank}'}")
