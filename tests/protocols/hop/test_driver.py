@@ -115,8 +115,8 @@ def test_deferred_updates_spare_a_slow_receiver_and_every_worker_still_stops(tra
     updates = sum(r["bytes_sent"] > 1000 for r in fast)  # a token message is 8 bytes
     assert any(r.get("skipped") for r in slow)
     assert updates <= 2 * len(slow) + 2 and 2 * updates < len(fast), (updates, len(slow))
-    # Each row says what it waited for: the slow worker's updates, beyond staleness 3
-    assert any(r.get("wait_update_from_1_s", 0) > 0.005 for r in fast)
+    # Each row says what it waited for: the slow worker's tokens, 4 iterations ahead of it
+    assert sum(r.get("wait_token_from_1_s", 0) for r in fast) > 0.1
     for row in fast:  # waits are sync time; on a ring of 2 each waits for one cause at a time
         assert sum(v for k, v in row.items() if k.startswith("wait_")) <= row["sync_wait_s"] + 1e-3
 

@@ -99,6 +99,7 @@ class Hop(Protocol):
         # Model-sized buffers, reused step after step (a new one is fresh pages to fault in):
         self._spare: list[torch.Tensor] = []  # receive buffers of updates the core dropped
         self._update_out: torch.Tensor | None = None  # this worker's update, once sent
+        self._update_other: torch.Tensor | None = None  # the one before: `_update_buffer`
         self._update_tag = 0  # the tag `_update_out` holds
         self._average_out: torch.Tensor | None = None
         self._running = False
@@ -158,13 +159,13 @@ class Hop(Protocol):
         """Feed `event`, then incoming messages for as long as the core says `Wait`."""
         decisions = self.core.handle(event)
         while (wait := self._execute(decisions, step)) is not None:
-            began = time.perf_counter()
             with step.blocking():
+                began = time.perf_counter()
                 try:
                     item = self.inbox.get(timeout=self.timeout)
                 except queue.Empty:
                     raise TimeoutError(self._describe(wait)) from None
-            waited = time.perf_counter() - began
+                waited = time.perf_counter() - began
             for key in _wait_keys(wait):
                 step.count_seconds(key, waited)
             decisions = self.core.handle(self._unpack(item))
@@ -200,16 +201,16 @@ class Hop(Protocol):
 
     def on_send_update(self, decision: SendUpdate) -> None:
         again = decision.tag == self._update_tag  # a deferred update: the message as first sent
-        if not again or self.network is not None:
+        if self.network is not None:  # the emulated network charges each send from its start
             with self._step.blocking():
-                self._wait_sends(self._step)  # the last update's: done unless a peer is stuck
+                self._wait_sends(self._step)
         header = UpdateHeader(decision.tag, self._stamp()).encode()
         if again:
             if self.network is not None:  # charged from when it goes
                 self._frames[_UPDATE_TAG].write_header(self._update_out, header)
         else:
             self._update_out = self.link.pack(self._frames[_UPDATE_TAG], header, self.tensors,
-                                              out=self._update_out)
+                                              out=self._update_buffer())
             self._update_tag = decision.tag
         assert self._update_out is not None
         self._send(self._update_out, decision.to, _UPDATE_TAG, self._step)
@@ -239,6 +240,33 @@ class Hop(Protocol):
     def _tokens(self, count: int | None) -> torch.Tensor:
         """A token message returning `count` tokens (None: the end marker)."""
         return self.link.pack(TOKEN_FRAME, TokenHeader(count).encode())
+
+    def _update_buffer(self) -> torch.Tensor | None:
+        """Where to pack the next update (None: a new buffer). The last update's buffer once
+        its sends are done; else the one before's, if its sends are done: a receiver slow to
+        take an update in (a straggler whose CPU quota froze its threads) then holds this
+        worker up only once it is two updates behind, not at every update; else, both busy,
+        wait for the sends in flight, as a worker with one buffer would every time."""
+        self._reap_sends()
+        busy = {id(message) for _, message, _ in self._sends}
+        if self._update_out is None or id(self._update_out) not in busy:
+            return self._update_out
+        if self._update_other is None or id(self._update_other) not in busy:
+            self._update_out, self._update_other = self._update_other, self._update_out
+            return self._update_out
+        with self._step.blocking():
+            self._wait_sends(self._step)
+        return self._update_out
+
+    def _reap_sends(self) -> None:
+        """Forget the sends that are done, their errors raised as a wait would raise them."""
+        pending = []
+        for work, message, to in self._sends:
+            if work.is_completed():
+                unless_lost(self.runtime.lost, to, partial(self.link.wait, work, to))
+            else:
+                pending.append((work, message, to))
+        self._sends = pending
 
     def _wait_sends(self, step: Step | None = None) -> None:
         """Wait for the sends in flight; `step`'s row counts each wait over a millisecond
