@@ -304,7 +304,8 @@ _PAIRS = (
 )
 REAL = Suite(
     "real", "real compute, 8 pinned workers (a 16-core machine): every protocol homogeneous and "
-    f"with rank 3 at a {SHARE:g} CPU share, against one worker alone",
+    f"with rank 3 at a {SHARE:g} CPU share, against one worker alone and all of them alone at "
+    "once",
     _real(8, 3, REAL_WORKLOADS),
     _families(ps=("ps-async",), hop=("hop-skip", "hop-stale-skip"),
               prague=("prague", "prague-paper")),
@@ -313,7 +314,8 @@ REAL = Suite(
 )
 REAL_SMALL = Suite(
     "real-small", "real compute, 2 pinned workers (a 2-core machine): every protocol "
-    f"homogeneous and with rank 1 at a {SHARE:g} CPU share, against one worker alone",
+    f"homogeneous and with rank 1 at a {SHARE:g} CPU share, against one worker alone and both "
+    "alone at once",
     _real(2, 1, REAL_WORKLOADS),
     _families(ps=("ps-async",), hop=("hop", "hop-stale-skip"), prague=_PAIRS),
     target_loss={"resnet": 0.6, "mlp-wide": 0.6}, max_time=30.0, real=True,
