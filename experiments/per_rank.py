@@ -19,6 +19,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from hetsync.metrics.summary import read_jsonl
+
 
 def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One rank's totals and its median compute step (ms) in each whole second."""
@@ -48,8 +50,7 @@ def run_figures(run_dir: Path) -> dict[str, dict[str, Any]]:
     figures = {}
     for path in sorted((run_dir / "workers").glob("rank*.jsonl"),
                        key=lambda p: int(p.stem.removeprefix("rank"))):
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        if rows:
+        if rows := read_jsonl(path):
             figures[path.stem] = rank_figures(rows)
     return figures
 

@@ -144,16 +144,16 @@ def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
     for setting, out in zip(suite.settings, settings, strict=True):
         if setting.reference:
             continue
-        solo, slow, side = (alone.get((setting.workload, kind), {}).get("results", [None])[0]
-                            for kind in ("solo", "share", "side"))
-        slowed = len(parse_slowdown(setting.slowdown).ranks)
         n = out["workers"]
+        solo, slow, side = (ref["results"][0] if (ref := alone.get((setting.workload, kind)))
+                            else None for kind in ("solo", "share", "side"))
+        if side is not None and alone[(setting.workload, "side")]["workers"] != n:
+            side = None  # n alone at once is the unit of n workers only
+        slowed = len(parse_slowdown(setting.slowdown).ranks)
         slow_rate = slow and slow["samples_per_s"]
         ideal = _ideal(n, slowed, solo and solo["samples_per_s"], slow_rate)
-        side_workers = alone.get((setting.workload, "side"), {}).get("workers")
-        each = side and side_workers == n and side["samples_per_s"] and (
-            side["samples_per_s"] / n)
-        at_once = _ideal(n, slowed, each or None, slow_rate)
+        each = side["samples_per_s"] / n if side and side["samples_per_s"] else None
+        at_once = _ideal(n, slowed, each, slow_rate)
         for row in out["results"]:
             row["ideal_samples_per_s"] = round(ideal, 2) if ideal else None
             row["ideal_fraction"] = _ratio(row["samples_per_s"], ideal)
@@ -161,8 +161,8 @@ def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
                                               solo and solo["compute_ms_median"])
             row["alone_at_once_samples_per_s"] = round(at_once, 2) if at_once else None
             row["alone_at_once_fraction"] = _ratio(row["samples_per_s"], at_once)
-            row["alone_at_once_inflation"] = _ratio(
-                row["compute_ms_median"], each and side["compute_ms_median"])
+            row["alone_at_once_inflation"] = _ratio(row["compute_ms_median"],
+                                                    side and side["compute_ms_median"])
 
 
 def _reference_kind(setting: Setting) -> str:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hetsync.config import RunConfig
+from hetsync.config import RunConfig, default_out
 from hetsync.errors import WorkerFailed
 from hetsync.launch.cpu_placement import plan_pinning
 from hetsync.launch.launcher import RunResult
@@ -49,12 +49,13 @@ def run_side_by_side(config: RunConfig) -> RunResult:
     """Run `config.workers` worlds of one at once, each pinned as its rank would be; their
     runs go to `config.out`/alone/rank<r>, and `config.out`/summary.json sums them up.
     WorkerFailed names the first rank whose run failed or outlived its time."""
-    out = Path(config.out) if config.out else Path("alone")
+    out = Path(config.out) if config.out else default_out(config)
+    runs = [out / "alone" / f"rank{rank}" for rank in range(config.workers)]
     cores = alone_cores(config.workers, config.cpus_per_worker, os.sched_getaffinity(0))
     context = multiprocessing.get_context("spawn")
     processes = []
-    for rank, own in enumerate(cores):
-        values = {**config.to_dict(), "workers": 1, "out": out / "alone" / f"rank{rank}"}
+    for rank, (own, run_dir) in enumerate(zip(cores, runs, strict=True)):
+        values = {**config.to_dict(), "workers": 1, "out": run_dir}
         process = context.Process(target=_alone, args=(values, sorted(own)),
                                   name=f"alone-rank{rank}")
         process.start()
@@ -66,17 +67,16 @@ def run_side_by_side(config: RunConfig) -> RunResult:
             process.join(max(0.0, deadline - time.monotonic()))
             if process.exitcode is None:
                 raise WorkerFailed(rank, f"(alone, side by side) was still running {limit:g} s "
-                                   f"after its start; its run: {out / 'alone' / f'rank{rank}'}")
+                                   f"after its start; its run: {runs[rank]}")
             if process.exitcode != 0:
                 raise WorkerFailed(rank, f"(alone, side by side) ended with exit code "
-                                   f"{process.exitcode}; its run: {out / 'alone' / f'rank{rank}'}")
+                                   f"{process.exitcode}; its run: {runs[rank]}")
     finally:
         for process in processes:
             if process.is_alive():
                 process.terminate()
                 process.join(10)
-    summaries = [json.loads((out / "alone" / f"rank{r}" / "summary.json").read_text())
-                 for r in range(config.workers)]
+    summaries = [json.loads((run_dir / "summary.json").read_text()) for run_dir in runs]
     summary = combined_summary(summaries, config.workers, config.cpus_per_worker)
     (out / "summary.json").write_text(strict_json.dumps(summary, indent=2) + "\n")
     return RunResult(out, summary)
@@ -113,5 +113,5 @@ def combined_summary(summaries: list[dict[str, Any]], workers: int,
         "final_accuracy": None,
         "sync_wait_fraction": 0.0,
         "thread_cpu_ms_per_iteration": first.get("thread_cpu_ms_per_iteration"),
-        "stop_reason": next((r for r in reasons if r != first.get("stop_reason")), reasons[0]),
+        "stop_reason": next((r for r in reasons if r != reasons[0]), reasons[0]),  # any cut
     }
