@@ -101,6 +101,8 @@ timeout -s INT -k 20 ${REAL_LIMIT:-360} $HS bench --suite real --workload "$REAL
     ${REAL_CPUS:+--cpus-per-worker "$REAL_CPUS"} ${REAL_REPEATS:+--repeats "$REAL_REPEATS"}
 grep '^cpu' /proc/stat
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
+$PY experiments/per_rank.py runs/lease/bench-real > "$OUT/per-rank.txt" 2>&1  # wait causes
+grep -A9 "share.*hop" "$OUT/per-rank.txt" | head -30
 }
 
 step_tests() {  # not by default: the whole `make test`, 12 at a time

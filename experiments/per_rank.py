@@ -5,10 +5,12 @@
 Reads the workers' rows (`runs/<setting>/<variant>/r<k>/workers/rank*.jsonl`) and prints,
 per run and rank: iterations, the median compute step, the sync wait and the time in
 compute in all, the iterations Hop skipped and what Hop's iterations waited for (the three
-longest causes); then each rank's median compute step in each
-second of the run. A compute step raised on one rank for a few seconds and then on another
-points at the machine (a busy hyperthread sibling, a host's steal), one raised on every rank
-all the run at the protocol. Quoted in docs/benchmarks.md (the leases' sections).
+longest causes); then each rank's median compute step in each second of the run, and the sync
+wait in each second of the ranks that waited. A compute step raised on one rank for a few
+seconds and then on another points at the machine (a busy hyperthread sibling, a host's
+steal), one raised on every rank all the run at the protocol; a wait that comes in every
+second at a neighbour of the straggler, at the protocol. Quoted in docs/benchmarks.md (the
+leases' sections).
 """
 
 from __future__ import annotations
@@ -21,13 +23,19 @@ from typing import Any
 
 from hetsync.metrics.summary import read_jsonl
 
+#: A rank's waits are shown second by second from this much in all: when its neighbours or
+#: partners held it up, not where each of its iterations waited a few microseconds.
+_SHOWN_WAIT_S = 0.1
+
 
 def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """One rank's totals and its median compute step (ms) in each whole second."""
     by_second: dict[int, list[float]] = {}
+    synced: dict[int, float] = {}
     waited: dict[str, float] = {}
     for row in rows:
         by_second.setdefault(int(row["t"]), []).append(row["compute_s"])
+        synced[int(row["t"])] = synced.get(int(row["t"]), 0.0) + row.get("sync_wait_s", 0.0)
         for key, value in row.items():
             if key.startswith("wait_"):  # Hop's: what the iteration waited for
                 cause = key.removeprefix("wait_").removesuffix("_s")
@@ -40,6 +48,7 @@ def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "skipped": sum(int(r.get("skipped", 0)) for r in rows),
         "per_second_ms": [round(1000 * statistics.median(by_second[s]))
                           for s in sorted(by_second)],
+        "per_second_sync_ms": [round(1000 * synced[s]) for s in sorted(by_second)],
         "waited_s": {cause: round(seconds, 3) for cause, seconds
                      in sorted(waited.items(), key=lambda item: -item[1])},
     }
@@ -77,6 +86,11 @@ def main() -> None:
         print("  per second (median compute step, ms):")
         for rank, f in figures.items():
             print(f"  {rank:6} " + " ".join(f"{ms:4}" for ms in f["per_second_ms"]))
+        waiting = {rank: f for rank, f in figures.items() if f["sync_wait_s"] >= _SHOWN_WAIT_S}
+        if waiting:
+            print("  per second (sync wait, ms), the ranks that waited:")
+            for rank, f in waiting.items():
+                print(f"  {rank:6} " + " ".join(f"{ms:4}" for ms in f["per_second_sync_ms"]))
     if args.json:
         args.json.write_text(json.dumps(every, indent=1) + "\n")
 
