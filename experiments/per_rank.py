@@ -34,8 +34,9 @@ def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     synced: dict[int, float] = {}
     waited: dict[str, float] = {}
     for row in rows:
-        by_second.setdefault(int(row["t"]), []).append(row["compute_s"])
-        synced[int(row["t"])] = synced.get(int(row["t"]), 0.0) + row.get("sync_wait_s", 0.0)
+        second = int(row["t"])
+        by_second.setdefault(second, []).append(row["compute_s"])
+        synced[second] = synced.get(second, 0.0) + row.get("sync_wait_s", 0.0)
         for key, value in row.items():
             if key.startswith("wait_"):  # Hop's: what the iteration waited for
                 cause = key.removeprefix("wait_").removesuffix("_s")

@@ -12,16 +12,10 @@ from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = str(Path(__file__).parents[2] / "experiments")
-
 
 @pytest.fixture(scope="module")
-def ff():
-    sys.path.insert(0, EXPERIMENTS)
-    try:
-        yield importlib.import_module("fault_fuzz")
-    finally:
-        sys.path.remove(EXPERIMENTS)
+def ff(experiments_on_path):
+    return importlib.import_module("fault_fuzz")
 
 
 def test_cases_replay_from_their_seed(ff) -> None:

@@ -6,20 +6,13 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = str(Path(__file__).parents[2] / "experiments")
-
 
 @pytest.fixture(scope="module")
-def per_rank():
-    sys.path.insert(0, EXPERIMENTS)
-    try:
-        yield importlib.import_module("per_rank")
-    finally:
-        sys.path.remove(EXPERIMENTS)
+def per_rank(experiments_on_path):
+    return importlib.import_module("per_rank")
 
 
 ROWS = [  # a Hop rank held up in its second second by an in-neighbour's update

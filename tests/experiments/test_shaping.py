@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib
 import statistics
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,17 +13,12 @@ from hetsync.network.model import NetworkModel
 from hetsync.network.patterns import point_to_point
 from hetsync.network.spec import parse_network
 
-EXPERIMENTS = str(Path(__file__).parents[2] / "experiments")
 SIZE = 4_000_000  # 0.32 s at 100 Mbit/s
 
 
 @pytest.fixture(scope="module")
-def scripts():
-    sys.path.insert(0, EXPERIMENTS)
-    try:
-        yield importlib.import_module("shaping"), importlib.import_module("shaped_timing")
-    finally:
-        sys.path.remove(EXPERIMENTS)
+def scripts(experiments_on_path):
+    return importlib.import_module("shaping"), importlib.import_module("shaped_timing")
 
 
 @pytest.mark.integration

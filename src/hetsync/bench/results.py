@@ -145,10 +145,10 @@ def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
         if setting.reference:
             continue
         n = out["workers"]
-        solo, slow, side = (ref["results"][0] if (ref := alone.get((setting.workload, kind)))
-                            else None for kind in ("solo", "share", "side"))
-        if side is not None and alone[(setting.workload, "side")]["workers"] != n:
-            side = None  # n alone at once is the unit of n workers only
+        refs = [alone.get((setting.workload, kind)) for kind in ("solo", "share", "side")]
+        if refs[2] is not None and refs[2]["workers"] != n:
+            refs[2] = None  # n alone at once is the unit of n workers only
+        solo, slow, side = (ref["results"][0] if ref else None for ref in refs)
         slowed = len(parse_slowdown(setting.slowdown).ranks)
         slow_rate = slow and slow["samples_per_s"]
         ideal = _ideal(n, slowed, solo and solo["samples_per_s"], slow_rate)
