@@ -6,10 +6,12 @@ import time
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import hetsync
 from hetsync.api import SyncOptimizer
+from hetsync.transport.runtime import current_runtime
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -152,6 +154,30 @@ def test_the_compute_step_is_the_users_not_the_protocols_begin_iteration():
     nn.functional.cross_entropy(model(x), y).backward()
     step = sync.step()
     assert step.begin_s >= 0.3 and step.compute_s < 0.3
+
+
+def test_a_protocol_waiting_as_it_closes_leaves_the_worker_closing(monkeypatch):
+    """The launcher takes a worker that beats `compute` and then goes quiet for a hung one. A
+    worker that finished first waits in its protocol's close for slower neighbours, and may
+    block there (Hop sending its deferred update): it still beats `closing`, then `done`."""
+    store = dist.HashStore()
+    monkeypatch.setattr(current_runtime(), "launched", True)  # heartbeats, as launched
+    monkeypatch.setattr(current_runtime(), "store", store)
+    model = _model()
+    _, sync = hetsync.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    _train(sync, model, 2)
+    last = sync._step
+    beats = []
+
+    def close_waiting() -> None:
+        with last.blocking():
+            beats.append(store.get("hb/0").decode().split()[1])
+        beats.append(store.get("hb/0").decode().split()[1])
+
+    monkeypatch.setattr(sync.protocol, "close", close_waiting)
+    sync.close()
+    assert beats == ["closing", "closing"]
+    assert store.get("hb/0").decode().split()[:2] == ["2", "done"]
 
 
 def test_consensus_model_is_a_copy_after_the_loop():

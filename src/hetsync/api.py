@@ -400,6 +400,12 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._heartbeat("compute")
 
     def _heartbeat(self, phase: str, extra: str = "") -> None:
+        """Tell the launcher's monitor where this worker is. Once it closes it stays closing:
+        a protocol that waits as it closes (Hop sending a deferred update) through its last
+        step's `blocking()` would otherwise beat `sync` then `compute`, and a worker that
+        finished first and waits for a slow neighbour would be taken for a hung one."""
+        if self._closed and phase not in ("closing", "done"):
+            return
         if self.runtime.launched:
             rt = self.runtime
             rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}{extra}")

@@ -75,6 +75,13 @@ from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
 _UPDATE_TAG, _TOKEN_TAG = 41, 42
+#: Model-sized buffers a worker packs its updates into, in turn. A buffer is busy until every
+#: receiver has taken its update in, which a straggler whose CPU quota froze its threads does
+#: only once it runs again (up to 75 ms later at a quarter core). So a worker waits for an
+#: update's sends only as it packs into that buffer again, an update later, not for the one
+#: it has just sent; more buffers waited less for nobody (docs/benchmarks.md, "Hop's update
+#: buffers").
+_UPDATE_BUFFERS = 2
 _Item = tuple[Event | BaseException, torch.Tensor | None]
 
 
@@ -95,11 +102,12 @@ class Hop(Protocol):
         self.timeout = runtime.wait_timeout
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
-        self._sends: list[tuple[dist.Work, torch.Tensor, int]] = []
+        self._sends: list[tuple[dist.Work, int, int]] = []  # (work, peer, `_packs` then)
         # Model-sized buffers, reused step after step (a new one is fresh pages to fault in):
         self._spare: list[torch.Tensor] = []  # receive buffers of updates the core dropped
         self._update_out: torch.Tensor | None = None  # this worker's update, once sent
-        self._update_other: torch.Tensor | None = None  # the one before: `_update_buffer`
+        self._update_buffers: list[torch.Tensor] = []  # packed in turn: `_update_buffer`
+        self._packs = 0  # updates packed so far
         self._update_tag = 0  # the tag `_update_out` holds
         self._average_out: torch.Tensor | None = None
         self._running = False
@@ -211,6 +219,9 @@ class Hop(Protocol):
         else:
             self._update_out = self.link.pack(self._frames[_UPDATE_TAG], header, self.tensors,
                                               out=self._update_buffer())
+            if len(self._update_buffers) < _UPDATE_BUFFERS:
+                self._update_buffers.append(self._update_out)
+            self._packs += 1
             self._update_tag = decision.tag
         assert self._update_out is not None
         self._send(self._update_out, decision.to, _UPDATE_TAG, self._step)
@@ -234,7 +245,7 @@ class Hop(Protocol):
         for j in to:
             if j not in self._lost:  # a send to a peer that just died can fail at once
                 unless_lost(self.runtime.lost, j, lambda j=j: self._sends.append(
-                    (self.link.isend(message, j, tag=tag), message, j)))
+                    (self.link.isend(message, j, tag=tag), j, self._packs)))
         step.bytes_sent += message.numel() * message.element_size() * len(to)
 
     def _tokens(self, count: int | None) -> torch.Tensor:
@@ -242,42 +253,35 @@ class Hop(Protocol):
         return self.link.pack(TOKEN_FRAME, TokenHeader(count).encode())
 
     def _update_buffer(self) -> torch.Tensor | None:
-        """Where to pack the next update (None: a new buffer). The last update's buffer once
-        its sends are done; else the one before's, if its sends are done: a receiver slow to
-        take an update in (a straggler whose CPU quota froze its threads) then holds this
-        worker up only once it is two updates behind, not at every update; else, both busy,
-        wait for the sends in flight, as a worker with one buffer would every time."""
-        self._reap_sends()
-        busy = {id(message) for _, message, _ in self._sends}
-        if self._update_out is None or id(self._update_out) not in busy:
-            return self._update_out
-        if self._update_other is None or id(self._update_other) not in busy:
-            self._update_out, self._update_other = self._update_other, self._update_out
-            return self._update_out
-        with self._step.blocking():
-            self._wait_sends(self._step)
-        return self._update_out
+        """Where to pack the next update (None: a new buffer, until there are
+        `_UPDATE_BUFFERS`): the buffer packed `_UPDATE_BUFFERS` updates ago, once the sends
+        made while its update was the newest are done. Gloo tells that a send is done only
+        to a wait (`Work.is_completed()` stays False until then), so those sends, tokens
+        among them, are waited for then: by that time a receiver that is merely slow has
+        taken them in, and this worker waits only for one frozen that long."""
+        if len(self._update_buffers) < _UPDATE_BUFFERS:
+            return None
+        oldest = self._packs - _UPDATE_BUFFERS  # the update that buffer holds
+        if any(packs <= oldest + 1 for _, _, packs in self._sends):
+            with self._step.blocking():
+                self._wait_sends(self._step, up_to=oldest + 1)
+        return self._update_buffers[oldest % _UPDATE_BUFFERS]
 
-    def _reap_sends(self) -> None:
-        """Forget the sends that are done, their errors raised as a wait would raise them."""
+    def _wait_sends(self, step: Step | None = None, up_to: int | None = None) -> None:
+        """Wait for the sends in flight (`up_to`: those made before that many updates were
+        packed, or with that many); `step`'s row counts each wait over a millisecond
+        (`wait_send_to_<j>_s`: a receiver that has not taken an update in yet)."""
         pending = []
-        for work, message, to in self._sends:
-            if work.is_completed():
-                unless_lost(self.runtime.lost, to, partial(self.link.wait, work, to))
-            else:
-                pending.append((work, message, to))
-        self._sends = pending
-
-    def _wait_sends(self, step: Step | None = None) -> None:
-        """Wait for the sends in flight; `step`'s row counts each wait over a millisecond
-        (`wait_send_to_<j>_s`: a receiver that has not taken the last update in yet)."""
-        for work, _, to in self._sends:  # to a lost peer: given up, NeighbourLost follows
+        for work, to, packs in self._sends:  # to a lost peer: given up, NeighbourLost follows
+            if up_to is not None and packs > up_to:
+                pending.append((work, to, packs))
+                continue
             began = time.perf_counter()
             unless_lost(self.runtime.lost, to, partial(self.link.wait, work, to))
             waited = time.perf_counter() - began
             if step is not None and waited > 1e-3:
                 step.count_seconds(f"wait_send_to_{to}_s", waited)
-        self._sends.clear()
+        self._sends = pending
 
     def _on_lost(self, rank: int) -> None:
         """The launcher declared `rank` lost (a watcher thread calls this)."""
