@@ -79,8 +79,8 @@ _UPDATE_TAG, _TOKEN_TAG = 41, 42
 #: receiver has taken its update in, which a straggler whose CPU quota froze its threads does
 #: only once it runs again (up to 75 ms later at a quarter core). So a worker waits for an
 #: update's sends only as it packs into that buffer again, an update later, not for the one
-#: it has just sent; more buffers waited less for nobody (docs/benchmarks.md, "Hop's update
-#: buffers").
+#: it has just sent. Three or four buffers in turn waited no less (docs/benchmarks.md, "Hop's
+#: update buffers").
 _UPDATE_BUFFERS = 2
 _Item = tuple[Event | BaseException, torch.Tensor | None]
 
@@ -268,8 +268,8 @@ class Hop(Protocol):
         return self._update_buffers[oldest % _UPDATE_BUFFERS]
 
     def _wait_sends(self, step: Step | None = None, up_to: int | None = None) -> None:
-        """Wait for the sends in flight (`up_to`: those made before that many updates were
-        packed, or with that many); `step`'s row counts each wait over a millisecond
+        """Wait for the sends in flight (`up_to`: only those made while at most that many
+        updates had been packed); `step`'s row counts each wait over a millisecond
         (`wait_send_to_<j>_s`: a receiver that has not taken an update in yet)."""
         pending = []
         for work, to, packs in self._sends:  # to a lost peer: given up, NeighbourLost follows
