@@ -10,14 +10,17 @@ update. The quota does more than slow the straggler's compute: once the worker h
 quarter of a 100-ms period, the kernel stops every thread of it (receivers, gloo's, senders)
 until the next, so a neighbour's send or request to it sits for up to 75 ms.
 
-This reproduces that without 16 cores: the workers compute by sleeping (`--step-time`), rank
-3's steps take `--factor` times longer (`--slowdown deterministic`), and this script stops
-rank 3's process (SIGSTOP) for the last (1 - share) of every period and lets it go on
-(SIGCONT) for the first share of it: what the quota does to a worker whose compute uses its
-whole share. Every rank's row says what it waited for (Hop: `wait_update_from_<j>_s`,
-`wait_token_from_<j>_s`, `wait_send_to_<j>_s`); printed per rank, with `--freeze 0` for the
-same run unfrozen. Emulated: the compute (sleeps) and the freezing (signals, not a cgroup);
-real: the processes, their threads, gloo over loopback. About 25 s a run.
+This reproduces that without 16 cores: the workers compute by sleeping (`--step-time`), and
+this script stops rank 3's process (SIGSTOP) for the last (1 - share) of every period and
+lets it go on (SIGCONT) for the first share of it: what the quota does to a worker whose
+compute uses its whole share. The freezing alone makes rank 3 about 1.8x slower with the
+`svm` workload (its steps end only when it runs again); `--factor F` also slows its steps
+F times (`--slowdown deterministic`), of a step that already counts its time frozen, so the
+two compound: `--factor 5 --workload cnn` made it about 12x slower. Every rank's row says
+what it waited for (Hop: `wait_update_from_<j>_s`, `wait_token_from_<j>_s`,
+`wait_send_to_<j>_s`); printed per rank, with `--freeze 1` for the same run unfrozen.
+Emulated: the compute (sleeps) and the freezing (signals, not a cgroup); real: the processes,
+their threads, gloo over loopback. About 25 s a run.
 """
 
 from __future__ import annotations
@@ -105,8 +108,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--workload", default="svm")
     parser.add_argument("--rank", type=int, default=3, help="the straggler")
-    parser.add_argument("--factor", type=float, default=5.0,
-                        help="its steps' slowdown (a quarter core made the ResNet's 5.8x)")
+    parser.add_argument("--factor", type=float, default=1.0,
+                        help="its steps' slowdown beside the freezing (compounds with it)")
     parser.add_argument("--freeze", type=float, default=0.25,
                         help="the share of each period it runs (1: never frozen)")
     parser.add_argument("--period", type=float, default=0.1, help="the kernel's: 100 ms")
@@ -115,6 +118,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path("runs/frozen-straggler"))
     args = parser.parse_args()
+    if not 0 < args.freeze <= 1:
+        parser.error(f"--freeze is the share of each period the straggler runs: in (0, 1] "
+                     f"(got {args.freeze:g})")
     variants = {v.label: dict(v.options, protocol=v.protocol) for v in all_variants()}
     for r in range(1, args.rounds + 1):
         for label in args.variants.split(","):
