@@ -32,7 +32,7 @@ import threading
 import time
 from pathlib import Path
 
-from per_rank import run_figures
+from per_rank import rank_line, run_figures
 
 from hetsync.config import RunConfig
 from hetsync.launch.launcher import run
@@ -54,7 +54,7 @@ def _child_with_rank(rank: int) -> int | None:
     return None
 
 
-def freeze(rank: int, share: float, period: float, started: float, done: threading.Event,
+def freeze(rank: int, share: float, period: float, done: threading.Event,
            first_row: Path) -> None:
     """Stop `rank`'s worker for the last 1 - `share` of every `period` once it has written its
     first row (its start-up runs free, as a `cpu:` straggler joins its cgroup only then)."""
@@ -62,6 +62,7 @@ def freeze(rank: int, share: float, period: float, started: float, done: threadi
     while not done.is_set() and (pid is None or not first_row.exists()):
         pid = pid or _child_with_rank(rank)
         time.sleep(0.01)
+    started = time.perf_counter()
     while not done.is_set():
         phase = (time.perf_counter() - started) % period
         if phase < share * period:
@@ -89,8 +90,7 @@ def run_one(label: str, options: dict, args: argparse.Namespace, out: Path,
         "quiet": True, "overwrite": True, **options})
     done = threading.Event()
     freezer = threading.Thread(target=freeze, daemon=True, args=(
-        args.rank, share, args.period, time.perf_counter(), done,
-        out / "workers" / f"rank{args.rank}.jsonl"))
+        args.rank, share, args.period, done, out / "workers" / f"rank{args.rank}.jsonl"))
     if share < 1:
         freezer.start()
     try:
@@ -129,10 +129,7 @@ def main() -> None:
             print(f"\n{label} round {r}: {summary['samples_per_s']:.0f} samples/s, "
                   f"{100 * summary['ideal_fraction']:.1f} % of ideal", flush=True)
             for rank, f in run_figures(out).items():
-                causes = "".join(f"  {cause} {1000 * sec:.0f} ms"
-                                 for cause, sec in list(f["waited_s"].items())[:3])
-                print(f"  {rank:6} {f['iterations']:4} it  skipped {f['skipped']:3}"
-                      f"  sync {1000 * f['sync_wait_s']:6.0f} ms{causes}", flush=True)
+                print(rank_line(rank, f), flush=True)
 
 
 if __name__ == "__main__":

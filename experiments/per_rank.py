@@ -55,6 +55,15 @@ def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def rank_line(rank: str, f: dict[str, Any]) -> str:
+    """One rank's totals on a line, with the three longest causes of its waits."""
+    return (f"  {rank:6} {f['iterations']:4} it  compute med {f['compute_ms_median']:6.1f} ms"
+            f"  sync {1000 * f['sync_wait_s']:6.0f} ms  skipped {f['skipped']:3}"
+            f"  compute sum {f['compute_s']:5.2f} s"
+            + "".join(f"  {cause} {1000 * sec:.0f} ms"
+                      for cause, sec in list(f["waited_s"].items())[:3]))
+
+
 def run_figures(run_dir: Path) -> dict[str, dict[str, Any]]:
     """Every rank of one run that wrote rows."""
     figures = {}
@@ -79,11 +88,7 @@ def main() -> None:
         every[name] = figures
         print(f"\n{name}")
         for rank, f in figures.items():
-            print(f"  {rank:6} {f['iterations']:4} it  compute med {f['compute_ms_median']:6.1f} ms"
-                  f"  sync {1000 * f['sync_wait_s']:6.0f} ms  skipped {f['skipped']:3}"
-                  f"  compute sum {f['compute_s']:5.2f} s"
-                  + "".join(f"  {cause} {1000 * sec:.0f} ms"
-                            for cause, sec in list(f["waited_s"].items())[:3]))
+            print(rank_line(rank, f))
         print("  per second (median compute step, ms):")
         for rank, f in figures.items():
             print(f"  {rank:6} " + " ".join(f"{ms:4}" for ms in f["per_second_ms"]))
