@@ -25,7 +25,26 @@ NUMEL = 1_000_000  # 4 MB: the dying peer is cut off in the middle of its messag
 LIVE_MESSAGES = 3
 
 
-def _peers(rank: int, port: int, declared: bool, out: Path) -> None:
+def _delivered(link: Link, peers: list[int], last) -> list:
+    """The items `PeerStreams` hands to `deliver` until every stream has ended (or one
+    failed), each with the thread it came on."""
+    items: list = []
+    done = threading.Condition()
+
+    def deliver(item) -> None:
+        with done:
+            items.append((item, threading.current_thread().name))
+            done.notify_all()
+
+    PeerStreams(link, peers, 6, lambda: torch.empty(NUMEL), last, reuse=False, name="test",
+                deliver=deliver)
+    with done:
+        done.wait_for(lambda: any(isinstance(i, BaseException) for i, _ in items)
+                      or sum(i[1] is None for i, _ in items) == len(peers), timeout=20)
+    return items
+
+
+def _peers(rank: int, port: int, declared: bool, delivered: bool, out: Path) -> None:
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=30)
@@ -48,21 +67,32 @@ def _peers(rank: int, port: int, declared: bool, out: Path) -> None:
         os._exit(0)
     time.sleep(1.0)  # busy: every message comes while no receive is posted
     got: list[tuple[int, float]] = []
-    try:
-        for src, message in PeerStreams(link, [1, 2], 6, lambda: torch.empty(NUMEL),
-                                        lambda m: float(m[0]) < 0, reuse=True, name="test"):
-            got.append((src, float(message[0])))
-        outcome = "ended"
-    except RuntimeError as error:
-        outcome = f"raised: {error}"
+    if delivered:  # on each peer's thread, as it arrives
+        items = _delivered(link, [1, 2], lambda m: float(m[0]) < 0)
+        errors = [item for item, _ in items if isinstance(item, BaseException)]
+        got = [(item[0], float(item[1][0])) for item, _ in items
+               if not isinstance(item, BaseException) and item[1] is not None]
+        assert all(thread == f"test-from-{item[0]}" for item, thread in items
+                   if not isinstance(item, BaseException))
+        outcome = f"raised: {errors[0]}" if errors else "ended"
+    else:
+        try:
+            for src, message in PeerStreams(link, [1, 2], 6, lambda: torch.empty(NUMEL),
+                                            lambda m: float(m[0]) < 0, reuse=True,
+                                            name="test"):
+                got.append((src, float(message[0])))
+            outcome = "ended"
+        except RuntimeError as error:
+            outcome = f"raised: {error}"
     torch.save({"got": got, "outcome": outcome}, out / "rank0.pt")
     os._exit(0)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("declared", [True, False], ids=["declared-lost", "not-declared"])
-def test_a_dead_peer_fails_only_its_own_stream(tmp_path, declared, spawn):
-    spawn(_peers, 3, declared, tmp_path).join()
+@pytest.mark.parametrize(("declared", "delivered"), [(True, False), (False, False), (True, True)],
+                         ids=["declared-lost", "not-declared", "declared-lost-delivered"])
+def test_a_dead_peer_fails_only_its_own_stream(tmp_path, declared, delivered, spawn):
+    spawn(_peers, 3, declared, delivered, tmp_path).join()
     result = torch.load(tmp_path / "rank0.pt")
     live = [(src, value) for src, value in result["got"] if src == 1]
     assert live == [(1, 10.0), (1, 11.0), (1, 12.0), (1, -1.0)]
@@ -82,6 +112,24 @@ def test_a_peer_outside_the_group_is_refused_before_any_receive():
                                              r"link's group of 1"):
             PeerStreams(Link("host", None, torch.device("cpu")), [1, 2], 6,
                         lambda: torch.empty(1), lambda m: True, reuse=True, name="test")
+    finally:
+        if made:
+            dist.destroy_process_group()
+
+
+def test_delivered_messages_have_no_iterator_and_no_reused_buffer():
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        link = Link("host", None, torch.device("cpu"))
+        with pytest.raises(ValueError, match="a delivered message cannot reuse its buffer"):
+            PeerStreams(link, [], 6, lambda: torch.empty(1), lambda m: True, reuse=True,
+                        name="test", deliver=print)
+        streams = PeerStreams(link, [], 6, lambda: torch.empty(1), lambda m: True,
+                              reuse=False, name="test", deliver=print)
+        with pytest.raises(TypeError, match="hand their messages to `deliver`"):
+            iter(streams)
     finally:
         if made:
             dist.destroy_process_group()

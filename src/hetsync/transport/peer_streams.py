@@ -8,10 +8,12 @@ sender blocked in `send` for good. Here each peer has a thread that receives fro
 a dead peer fails only its own receive: the thread asks the launcher (`LostWorkers.confirm`)
 and ends that peer's stream, and every other peer's messages arrive untouched.
 
-A thread per peer costs nothing while it waits (gloo's receive releases the GIL) and one
-hand-over per message; the protocols that use it (the parameter server, Hop, AD-PSGD's passive
-side, Prague's Group Generator) receive from a handful of peers, or from each worker once an
-iteration.
+A thread per peer costs nothing while it waits (gloo's receive releases the GIL). A message is
+handed either to the consumer's iterator (one hand-over: the parameter server, AD-PSGD's
+passive side, Prague's Group Generator, which serve one message at a time) or, with `deliver`,
+to a function called on the peer's own thread as the message arrives (Hop's receivers, which
+only turn a message into an event for the training thread: a thread woken a message fewer,
+which Hop, taking in four messages an iteration on a ring, paid in CPU its compute shares).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import torch
 
 from hetsync.transport.links import Link
 
-__all__ = ["PeerStreams"]
+__all__ = ["Item", "PeerStreams"]
 
-_Item = tuple[int, torch.Tensor | None] | BaseException
+Item = tuple[int, torch.Tensor | None] | BaseException
 """(peer, message), (peer, None) when the peer's stream has ended, or a receive's error."""
 
 
@@ -39,11 +41,17 @@ class PeerStreams:
     next one (for request-reply protocols, whose peer sends nothing more before it is
     answered); without it, every message gets a new buffer, which the consumer may keep.
     A failed receive whose peer the launcher does not declare lost is raised by the iterator.
+
+    With `deliver`, there is no iterator: each item (`Item`: an error among them, also one
+    `deliver` itself raised) is passed to `deliver` on the thread of the peer it came from,
+    several peers' at once, so `deliver` must be thread-safe. Without `reuse` only: a reused
+    buffer waits for a consumer to ask for the next message.
     """
 
     def __init__(self, link: Link, peers: Iterable[int], tag: int,
                  buffer: Callable[[], torch.Tensor], last: Callable[[torch.Tensor], bool],
-                 *, reuse: bool, name: str) -> None:
+                 *, reuse: bool, name: str, deliver: Callable[[Item], None] | None = None
+                 ) -> None:
         self.link = link
         self.peers = sorted(set(peers))
         world = link.world_size()
@@ -54,13 +62,23 @@ class PeerStreams:
         self._buffer = buffer
         self._last = last
         self._reuse = reuse
-        self._queue: queue.Queue[_Item] = queue.Queue()
+        if deliver is not None and reuse:
+            raise ValueError(f"{name}: a delivered message cannot reuse its buffer (nobody "
+                             "asks for the next one)")
+        self._queue: queue.Queue[Item] = queue.Queue()
+        self._deliver = self._queue.put if deliver is None else deliver
+        self._delivered = deliver is not None
         self._released = {peer: threading.Event() for peer in self.peers}
         for peer in self.peers:
             threading.Thread(target=self._receive, args=(peer,), name=f"{name}-from-{peer}",
                              daemon=True).start()
 
     def __iter__(self) -> Iterator[tuple[int, torch.Tensor]]:
+        if self._delivered:
+            raise TypeError("these streams hand their messages to `deliver`, not to an iterator")
+        return self._messages()
+
+    def _messages(self) -> Iterator[tuple[int, torch.Tensor]]:
         open_streams = len(self.peers)
         while open_streams:
             item = self._queue.get()
@@ -71,7 +89,8 @@ class PeerStreams:
                 open_streams -= 1
                 continue
             yield peer, message
-            self._released[peer].set()
+            if self._reuse:
+                self._released[peer].set()
 
     def _receive(self, peer: int) -> None:
         lost = self.link.lost
@@ -85,15 +104,17 @@ class PeerStreams:
                         raise
                     lost.confirm(peer, error)  # raises unless the launcher declares it lost
                     break
-                self._released[peer].clear()
-                self._queue.put((peer, message))
-                if self._last(message):
+                if self._reuse:
+                    self._released[peer].clear()
+                last = self._last(message)  # before the consumer may reuse the buffer
+                self._deliver((peer, message))
+                if last:
                     break
                 if self._reuse:
                     self._released[peer].wait()
                 else:
                     message = self._buffer()
-        except BaseException as error:  # noqa: BLE001 - raised by the consumer's iterator
-            self._queue.put(error)
+        except BaseException as error:  # noqa: BLE001 - the consumer's to raise
+            self._deliver(error)
             return
-        self._queue.put((peer, None))
+        self._deliver((peer, None))

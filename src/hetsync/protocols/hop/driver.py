@@ -2,11 +2,11 @@
 
 Theory of operation. The decisions (may this worker start iteration k, which updates does it
 average, when does it skip) are made by `HopCore`; this module only moves messages and
-tensors. Each worker runs up to two receiver threads, one for tagged models from its
-in-neighbours and one for tokens from its out-neighbours (each over `PeerStreams`: a receive
-per neighbour, so a neighbour's death fails only its own). They
-turn messages into core events on an inbox queue and never block a sender: a model is
-buffered as soon as it arrives, and the core frees it (`Drop`) when no iteration can use it.
+tensors. Each worker receives on a thread per neighbour and kind (`PeerStreams`: a neighbour's
+death fails only its own): tagged models from its in-neighbours, tokens from its
+out-neighbours. These threads turn each message into a core event on an inbox queue as it
+arrives and never block a sender: a model is buffered as soon as it arrives, and the core
+frees it (`Drop`) when no iteration can use it.
 The training thread owns the core:
 
     begin_iteration:       ReadyToStart -> [SkipTo], StartIteration, SendUpdate  (or Wait)
@@ -71,7 +71,7 @@ from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import model_tensors
 from hetsync.transport.lost_workers import unless_lost
-from hetsync.transport.peer_streams import PeerStreams
+from hetsync.transport.peer_streams import Item, PeerStreams
 from hetsync.transport.runtime import Runtime
 
 _UPDATE_TAG, _TOKEN_TAG = 41, 42
@@ -82,6 +82,8 @@ _UPDATE_TAG, _TOKEN_TAG = 41, 42
 #: it has just sent. Three or four buffers in turn waited no less (docs/benchmarks.md, "Hop's
 #: update buffers").
 _UPDATE_BUFFERS = 2
+_HEADERS: dict[int, type[UpdateHeader] | type[TokenHeader]] = {
+    _UPDATE_TAG: UpdateHeader, _TOKEN_TAG: TokenHeader}
 _Item = tuple[Event | BaseException, torch.Tensor | None]
 
 
@@ -119,14 +121,10 @@ class Hop(Protocol):
         """Guards `_open` (the neighbours whose channels have not ended, by tag) and `_lost`."""
         self._open = {_UPDATE_TAG: set(in_peers), _TOKEN_TAG: set(out_peers)}
         self._lost: set[int] = set()
-        threads = [
-            threading.Thread(target=self._receive, args=(_UPDATE_TAG,),
-                             name="hop-updates", daemon=True),
-            threading.Thread(target=self._receive, args=(_TOKEN_TAG,),
-                             name="hop-tokens", daemon=True),
-        ]
-        for thread in threads:
-            thread.start()
+        for tag, new, kind in ((_UPDATE_TAG, self._spare_update, "updates"),
+                               (_TOKEN_TAG, partial(self.link.empty, TOKEN_FRAME), "tokens")):
+            PeerStreams(self.link, self._open[tag], tag, new, partial(self._is_end, tag),
+                        reuse=False, name=f"hop-{kind}", deliver=partial(self._receive, tag))
         if runtime.lost is not None:
             runtime.lost.subscribe(self._on_lost)
 
@@ -321,34 +319,34 @@ class Hop(Protocol):
         except IndexError:
             return self.link.empty(self._frames[_UPDATE_TAG])
 
-    def _receive(self, tag: int) -> None:
-        """Turn messages into events until every sender has sent its end marker or was
-        lost."""
-        senders, frame = self._open[tag], self._frames[tag]
-        decode = UpdateHeader.decode if tag == _UPDATE_TAG else TokenHeader.decode
-        new = self._spare_update if tag == _UPDATE_TAG else partial(self.link.empty, frame)
-        try:
-            messages = PeerStreams(self.link, senders, tag, new,
-                                   lambda message: decode(frame, message).end, reuse=False,
-                                   name=threading.current_thread().name)
-            for src, buffer in messages:
-                header = decode(frame, buffer)
-                if header.end:
-                    with self._channels:
-                        senders.discard(src)
-                        self._channels.notify_all()
-                    self.inbox.put((NeighbourLeft(rank=src), None))
-                    continue
-                if self.network is not None:
-                    self._charge_network(src, tag, buffer)
-                if isinstance(header, UpdateHeader):
-                    assert header.tag is not None
-                    self.inbox.put((UpdateReceived(src=src, tag=header.tag), buffer))
-                else:
-                    assert header.count is not None
-                    self.inbox.put((TokensReceived(src=src, count=header.count), None))
-        except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
-            self.inbox.put((error, None))
+    def _is_end(self, tag: int, message: torch.Tensor) -> bool:
+        """Whether `message` is its sender's end marker on channel `tag`."""
+        return _HEADERS[tag].decode(self._frames[tag], message).end
+
+    def _receive(self, tag: int, item: Item) -> None:
+        """Turn a message on channel `tag` into an event for the training thread (on the
+        thread of the neighbour it came from, as it arrives)."""
+        if isinstance(item, BaseException):  # re-raised on the training thread
+            self.inbox.put((item, None))
+            return
+        src, buffer = item
+        if buffer is None:  # its end marker, or its loss, has said so already
+            return
+        header = _HEADERS[tag].decode(self._frames[tag], buffer)
+        if header.end:
+            with self._channels:
+                self._open[tag].discard(src)
+                self._channels.notify_all()
+            self.inbox.put((NeighbourLeft(rank=src), None))
+            return
+        if self.network is not None:
+            self._charge_network(src, tag, buffer)
+        if isinstance(header, UpdateHeader):
+            assert header.tag is not None
+            self.inbox.put((UpdateReceived(src=src, tag=header.tag), buffer))
+        else:
+            assert header.count is not None
+            self.inbox.put((TokensReceived(src=src, count=header.count), None))
 
     def _stamp(self) -> float:
         """When an update is sent, on the run's clock: what the network model charges from."""
