@@ -36,6 +36,28 @@ def test_a_named_thread_s_cpu_is_charged_to_it_not_to_the_training_thread():
     assert 0.05 <= spent[TRAINING] < spent["hop-updates"]
 
 
+def test_a_thread_per_peer_counts_under_its_kind():
+    cpu, burnt, done = ThreadCpu(), threading.Barrier(3), threading.Event()
+
+    def receiver() -> None:
+        _burn(0.15)
+        burnt.wait()
+        done.wait()
+
+    workers = [threading.Thread(target=receiver, name=f"hop-tokens-from-{peer}")
+               for peer in (1, 7)]
+    for worker in workers:
+        worker.start()
+    burnt.wait()
+    spent = cpu.sample(force=True)
+    done.set()
+    for worker in workers:
+        worker.join()
+    assert spent is not None
+    assert spent["hop-tokens"] >= 0.25
+    assert not any("-from-" in role for role in spent)
+
+
 def test_samples_are_taken_at_most_every_interval_and_count_from_the_previous_one():
     cpu = ThreadCpu(every=60.0)
     assert cpu.sample() is None

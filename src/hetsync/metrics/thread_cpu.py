@@ -1,19 +1,22 @@
-"""Where a worker's CPU goes, thread by thread: the training thread, each protocol thread,
-and the rest (gloo's and torch's own threads).
+"""Where a worker's CPU goes, thread by thread: the training thread, each protocol thread, and the
+rest (gloo's and torch's own threads).
 
 Why: a sleeping worker (`--step-time`) hides what the protocols' threads cost, since they work
 during the sleep; with real compute they compete with the training thread for the worker's
 cores. The kernel counts each thread's CPU time (`/proc/self/task/<tid>/stat`, user + system,
 in clock ticks of 10 ms); Python names its own threads (`threading.enumerate()`, matched by
 `native_id`), and every thread Python did not start (gloo's, torch's intra-op pool, OpenMP)
-counts as `other`. Sampled at most every `every` seconds, not each iteration: about 20 file
-reads a sample, negligible at that rate; a row carries the CPU seconds since the previous
-sample, so that the rows sum to the run's totals (up to the threads that ended in between).
+counts as `other`. A thread per peer (`<kind>-from-<peer>`: hetsync.transport.peer_streams)
+counts under its kind, so that a role reads the same at 2 workers as at 1000. Sampled at most
+every `every` seconds, not each iteration: about 20 file reads a sample, negligible at that
+rate; a row carries the CPU seconds since the previous sample, so that the rows sum to the
+run's totals (up to the threads that ended in between).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -26,6 +29,7 @@ OTHER = "other"
 """Threads Python did not start: gloo's, torch's intra-op pool, OpenMP."""
 _TASKS = Path("/proc/self/task")
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+_PER_PEER = re.compile(r"-from-\d+$")
 
 
 class ThreadCpu:
@@ -56,7 +60,7 @@ class ThreadCpu:
 
 def _roles() -> dict[int, str]:
     main = threading.main_thread()
-    return {t.native_id: TRAINING if t is main else t.name
+    return {t.native_id: TRAINING if t is main else _PER_PEER.sub("", t.name)
             for t in threading.enumerate() if t.native_id is not None}
 
 
