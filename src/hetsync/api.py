@@ -45,14 +45,12 @@ from hetsync.protocols.registry import get_protocol
 from hetsync.slowdown import join_cpu_quota, pacing
 from hetsync.step import Step
 from hetsync.transport.contiguous import lay_out
+from hetsync.transport.control import STOP_KEY
 from hetsync.transport.flat import average_model, broadcast_model, model_tensors
 from hetsync.transport.runtime import Runtime, current_runtime
 
 __all__ = ["SyncOptimizer", "prepare"]
 
-#: Key in the control store that, once set, asks every worker to stop (value: the reason).
-STOP_KEY = "stop"
-_STOP_POLL_S = 0.25
 Batch = TypeVar("Batch")
 
 
@@ -112,7 +110,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._stop_requested = False
         self._diverged: str | None = None  # the stop reason once a loss was NaN or infinite
         self._closed = False
-        self._next_stop_poll = 0.0
+        self._control = self.runtime.open_control()
         run_dir = self.runtime.run_dir
         self._log = IterationLog(run_dir, self.runtime.rank) if run_dir else None
         self._thread_cpu = ThreadCpu() if run_dir else None
@@ -248,6 +246,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self.runtime.launched:
             self.runtime.store.set(f"stopped/{self.runtime.rank}", self.stop_reason or "")
         self._heartbeat("done")
+        self._control.close()
         self.runtime.leave_together()  # about 1 run in 10 aborted at exit without it
         if self._evaluation is not None:
             self._evaluation.finish()  # every final snapshot exists after the barrier
@@ -367,10 +366,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             reason = "max_iterations"
         elif config.max_time is not None and self.runtime.elapsed() >= config.max_time:
             reason = "max_time"
-        elif time.monotonic() >= self._next_stop_poll:
-            self._next_stop_poll = time.monotonic() + _STOP_POLL_S
-            if self.runtime.store.check([STOP_KEY]):
-                reason = self.runtime.store.get(STOP_KEY).decode()
+        else:
+            reason = self._control.stop_reason()  # polled off this thread
         if reason is not None and self.stop_reason is None:
             self.stop_reason = reason
         return reason is not None
@@ -400,15 +397,17 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._heartbeat("compute")
 
     def _heartbeat(self, phase: str, extra: str = "") -> None:
-        """Tell the launcher's monitor where this worker is. Once it closes it stays closing:
-        a protocol that waits as it closes (Hop sending a deferred update) through its last
+        """Tell the launcher's monitor where this worker is: recorded here, sent by the
+        control thread (`closing` and `done` at once). Once it closes it stays closing: a
+        protocol that waits as it closes (Hop sending a deferred update) through its last
         step's `blocking()` would otherwise beat `sync` then `compute`, and a worker that
         finished first and waits for a slow neighbour would be taken for a hung one."""
         if self._closed and phase not in ("closing", "done"):
             return
         if self.runtime.launched:
-            rt = self.runtime
-            rt.store.set(f"hb/{rt.rank}", f"{self.iteration} {phase} {rt.elapsed():.3f}{extra}")
+            self._control.beat(f"{self.iteration} {phase} {self.runtime.elapsed():.3f}{extra}")
+            if self._closed:
+                self._control.flush()
 
 
 def prepare(

@@ -29,7 +29,6 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from hetsync.api import STOP_KEY
 from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
@@ -42,6 +41,7 @@ from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.protocols.catalog import essential_ranks
 from hetsync.protocols.registry import validated
+from hetsync.transport.control import STOP_KEY
 from hetsync.transport.lost_workers import LOST_KEY
 from hetsync.transport.placement import place, visible_gpus
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, is_follow_on
 from hetsync.faults import FaultPlan, MessageDelay, parse_faults
+from hetsync.transport.control import ControlChannel
 from hetsync.transport.links import Links
 from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.placement import place, visible_gpus
@@ -79,6 +80,8 @@ class Runtime:
     links: Links = dataclasses.field(default_factory=Links)
     """The wire, per kind of traffic (hetsync.transport.links): every message goes through
     one of them. The default is a gloo run's (tests that build a Runtime by hand)."""
+    control: ControlChannel | None = None
+    """The training loop's heartbeats out and the run's stop in (`open_control`)."""
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -108,6 +111,14 @@ class Runtime:
         otherwise race it to the terminal and blame themselves."""
         timeout = self.hang_timeout
         return 2 * timeout + 5.0 if self.launched else timeout
+
+    def open_control(self) -> ControlChannel:
+        """A new control channel for a training loop (the one before, if any, is closed;
+        `shutdown()` closes the last): its heartbeats are sent where the launcher watches."""
+        if self.control is not None:
+            self.control.close()
+        self.control = ControlChannel(self.store, self.rank, beats=self.launched)
+        return self.control
 
     def leave_together(self) -> None:
         """Wait until every other worker still in the run has finished too: a rank tearing
@@ -235,6 +246,8 @@ def shutdown() -> None:
     if _RUNTIME is not None:
         if _RUNTIME.lost is not None:
             _RUNTIME.lost.close()
+        if _RUNTIME.control is not None:  # its last beat: where a failing worker got to
+            _RUNTIME.control.close()
         # Free the TCPStore client now: one destroyed during interpreter finalization (the
         # user's SyncOptimizer still holding it) aborts the process now and then.
         _RUNTIME.store = dist.HashStore()
