@@ -1,5 +1,5 @@
-"""Where a worker's CPU goes, thread by thread: the training thread, each protocol thread, and the
-rest (gloo's and torch's own threads).
+"""Where a worker's CPU goes, thread by thread: the training thread, each protocol thread,
+and the rest (gloo's and torch's own threads).
 
 Why: a sleeping worker (`--step-time`) hides what the protocols' threads cost, since they work
 during the sleep; with real compute they compete with the training thread for the worker's
