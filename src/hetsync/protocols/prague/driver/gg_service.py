@@ -1,14 +1,16 @@
 """Rank 0's Group Generator service: the threads that carry `GroupGeneratorCore`'s messages.
 
-A receiver thread turns the workers' messages (`ToGG`, one receive per peer over
-`PeerStreams`, so a dead worker fails only its own) into entries of one inbox; a generator
-thread owns the core, feeds it the inbox in arrival order and sends the assignments it returns
-(`FromGG`; rank 0's own go to it directly through `deliver`). With a ready-wait policy the
-generator wakes the core when a held request's wait runs out (`WaitTimedOut`)."""
+The workers' messages (`ToGG`) arrive on one receive per peer (`PeerStreams`, so a dead worker
+fails only its own), and the thread a message arrives on feeds it to the core and sends the
+assignments the core returns (`FromGG`; rank 0's own go to it directly through `deliver`),
+all under one lock: a message wakes one thread at rank 0, not three (its peer's, a consumer's,
+a generator's), which cost rank 0 the CPU of a worker and a half at 8 workers. Rank 0's own
+messages are fed the same way by the thread that sends them. With a ready-wait policy a timer
+thread wakes the core when a held request's wait runs out (`WaitTimedOut`): `ready_wait`
+after the last message served, as before."""
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -26,17 +28,18 @@ from hetsync.protocols.prague.group_generator import (
 )
 from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import unless_lost
-from hetsync.transport.peer_streams import PeerStreams
+from hetsync.transport.peer_streams import Item, PeerStreams
 from hetsync.transport.runtime import Runtime
 
 __all__ = ["GroupGeneratorService"]
 
-_LOST = 4  # an inbox entry's kind besides `Kind`'s: the launcher declared the rank lost
+_LOST = 4  # a message's kind besides `Kind`'s: the launcher declared the rank lost
 
 
 class GroupGeneratorService:
-    """Rank 0's GG: a receiver thread turns messages into events; a generator thread owns the
-    core and sends assignments (to rank 0 itself through `deliver`)."""
+    """Rank 0's GG: the thread a message arrives on feeds the core and sends the assignments
+    (to rank 0 itself through `deliver`); `thread` is the ready-wait timer, which ends once
+    every worker has said goodbye or was lost."""
 
     def __init__(
         self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup, float], None],
@@ -48,64 +51,96 @@ class GroupGeneratorService:
         self.runtime = runtime
         self.world = core.world
         self.deliver = deliver
-        self._requested_at: dict[int, float] = {}
-        self.inbox: queue.Queue[tuple[int, int, int, float]] = queue.Queue()
+        self.ready_wait = ready_wait
         self.error: BaseException | None = None
         self._on_error = on_error
-        self.ready_wait = ready_wait
-        self.thread = threading.Thread(target=self._serve, name="prague-gg", daemon=True)
-        """The generator; its receiver, which may wait on a lost worker for good, is left."""
+        self._requested_at: dict[int, float] = {}
+        self._gone: set[int] = set()  # said goodbye or were lost
+        self._lost: set[int] = set()
+        self._cond = threading.Condition()  # the core, the sends and the fields above
+        self._served_at = time.perf_counter()  # when the last message was served
+        self._timer_idle = False  # the timer waits for requests to be held, with no deadline
+        self.thread = threading.Thread(target=self._time_waits, name="prague-gg", daemon=True)
         if self.world > 1:
-            threading.Thread(target=self._receive, name="prague-gg-recv", daemon=True).start()
+            PeerStreams(self.link, range(1, self.world), TO_GG_TAG, ToGG.empty,
+                        lambda message: ToGG.decode(message).kind == Kind.BYE,
+                        reuse=False, name="prague-gg-recv", deliver=self._receive)
         if runtime.lost is not None:
             runtime.lost.subscribe(lambda rank: self.put(rank, _LOST, 0, 0.0))
 
     def put(self, rank: int, kind: int, value: int, flag: float) -> None:
-        """A message from `rank` (rank 0's own come here directly)."""
-        self.inbox.put((rank, kind, value, flag))
+        """Serve a message from `rank` on the calling thread (rank 0's own come here directly,
+        the others' from their receive threads)."""
+        with self._cond:
+            if self.error is not None or self._done():
+                return
+            try:
+                self._serve(rank, kind, value, flag)
+            except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
+                self._fail(error)
+                return
+            self._served_at = time.perf_counter()
+            if (self._timer_idle and self.core.waiting) or self._done():
+                self._cond.notify_all()  # the timer starts, or ends; a deadline it has set
+                # only moves later, and it finds that when it wakes (no wake-up a message)
 
-    def _receive(self) -> None:
-        try:
-            messages = PeerStreams(self.link, range(1, self.world), TO_GG_TAG, ToGG.empty,
-                                   lambda message: ToGG.decode(message).kind == Kind.BYE,
-                                   reuse=True, name="prague-gg-recv")
-            for src, message in messages:
-                to_gg = ToGG.decode(message)
-                self.put(src, to_gg.kind, to_gg.value, to_gg.flag)
-        except BaseException as error:  # noqa: BLE001 - reported by the serving thread
-            self.error = error
-            self.put(-1, Kind.BYE, 0, 0.0)
+    def _receive(self, item: Item) -> None:
+        """A worker's message, or its receive's failure, on that worker's receive thread."""
+        if isinstance(item, BaseException):
+            with self._cond:
+                self._fail(item)
+            return
+        src, message = item
+        if message is not None:  # None: its stream ended (its goodbye came, or it was lost)
+            to_gg = ToGG.decode(message)
+            self.put(src, to_gg.kind, to_gg.value, to_gg.flag)
 
-    def _serve(self) -> None:
-        try:
-            gone: set[int] = set()  # said goodbye or were lost
-            lost: set[int] = set()
-            while len(gone) < self.world and self.error is None:
-                wait = self.ready_wait if self.core.waiting else None
-                try:
-                    rank, kind, value, flag = self.inbox.get(timeout=wait)
-                except queue.Empty:
-                    self._send_all(self.core.handle(WaitTimedOut()))
+    def _serve(self, rank: int, kind: int, value: int, flag: float) -> None:
+        if kind == _LOST:
+            self._lost.add(rank)
+            if rank not in self._gone:
+                self._gone.add(rank)
+                self._send_all(self.core.handle(WorkerLost(rank=rank)))
+        elif kind == Kind.BYE:
+            if rank not in self._lost:  # a lost worker's channel has nobody to end it for
+                self._gone.add(rank)
+                self._end(rank)
+        elif kind == Kind.REQUEST:
+            event = GroupRequested(rank=rank, iteration=value, last=bool(flag))
+            self._requested_at[rank] = time.perf_counter()
+            self._send_all(self.core.handle(event))
+        else:
+            self._send_all(self.core.handle(GroupFinished(group_id=value, rank=rank)))
+
+    def _done(self) -> bool:
+        return len(self._gone) >= self.world
+
+    def _time_waits(self) -> None:
+        """The ready-wait timer: `WaitTimedOut` once requests have waited `ready_wait` since
+        the last message served."""
+        with self._cond:
+            while self.error is None and not self._done():
+                if not self.core.waiting:
+                    self._timer_idle = True
+                    self._cond.wait()
+                    self._timer_idle = False
                     continue
-                if kind == _LOST:
-                    lost.add(rank)
-                    if rank not in gone:
-                        gone.add(rank)
-                        self._send_all(self.core.handle(WorkerLost(rank=rank)))
-                elif kind == Kind.BYE:
-                    if rank not in lost:  # a lost worker's channel has nobody to end it for
-                        gone.add(rank)
-                        self._end(rank)
-                elif kind == Kind.REQUEST:
-                    event = GroupRequested(rank=rank, iteration=value, last=bool(flag))
-                    self._requested_at[rank] = time.perf_counter()
-                    self._send_all(self.core.handle(event))
-                else:
-                    self._send_all(self.core.handle(GroupFinished(group_id=value, rank=rank)))
-        except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
+                left = self._served_at + self.ready_wait - time.perf_counter()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                try:
+                    self._send_all(self.core.handle(WaitTimedOut()))
+                except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
+                    self._fail(error)
+                self._served_at = time.perf_counter()
+
+    def _fail(self, error: BaseException) -> None:
+        """The first failure (lock held) stops the service and is raised on rank 0's threads."""
+        if self.error is None:
             self.error = error
-        if self.error is not None:  # its own, or its receiver's
-            self._on_error(self.error)
+            self._cond.notify_all()
+            self._on_error(error)
 
     def _send_all(self, assignments: list[AssignGroup]) -> None:
         now = time.perf_counter()
