@@ -22,5 +22,6 @@ def test_an_assignment_past_float32s_integers_survives():
 
 def test_the_end_marker_and_a_request_survive():
     assert FromGG.decode(_received(FromGG(None).encode(4), FromGG.empty(4))).group is None
-    for sent in (ToGG(1, 2**24 + 1, 1.0), ToGG(3, 2**53 + 1, -math.inf)):
+    for sent in (ToGG(1, 2**24 + 1, 1.0), ToGG(3, 2**53 + 1, -math.inf),
+                 ToGG(1, 7, 0.0, finished=2**40 + 3)):  # a group finished, told with it
         assert ToGG.decode(_received(sent.encode(), ToGG.empty())) == sent

@@ -30,6 +30,7 @@ from hetsync.protocols.prague.worker import (
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
+    ReportFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
@@ -68,7 +69,9 @@ def simulate(world, group_size, *, steps=4, speeds=None, seed=0, timeouts=False,
     speeds = speeds or [1.0] * world
     run = Run(GroupGeneratorCore(world, group_size, random.Random(seed + 1), **options))
     run.runs = {r: [] for r in range(world)}
-    workers = [PragueWorkerCore(r, world, overlap=overlap) for r in range(world)]
+    workers = [PragueWorkerCore(r, world, overlap=overlap,  # as `of_run` makes them
+                                report_with_request=run.gg.policy == "ready")
+               for r in range(world)]
     model = [rng.uniform(-1, 1) for _ in range(world)]
     run.expected_sum = sum(model)
     averaged = list(model) if overlap else model  # what the P-Reduces average
@@ -113,14 +116,16 @@ def simulate(world, group_size, *, steps=4, speeds=None, seed=0, timeouts=False,
                 send(now, GG, decision.rank, GroupAssigned(
                     group=decision.group, answers_request=decision.answers_request))
             continue
-        if isinstance(event, PReduceFinished):
-            send(now, dst, GG, GroupFinished(group_id=event.group_id, rank=dst))
         if isinstance(event, StepFinished):
             update = rng.uniform(-lr, lr)
             model[dst] += update
             run.expected_sum += update
         for decision in workers[dst].handle(event):
-            if isinstance(decision, RequestGroup):
+            if isinstance(decision, ReportFinished):
+                send(now, dst, GG, GroupFinished(group_id=decision.group_id, rank=dst))
+            elif isinstance(decision, RequestGroup):
+                if decision.finished is not None:  # the same message, told first
+                    send(now, dst, GG, GroupFinished(group_id=decision.finished, rank=dst))
                 request = GroupRequested(rank=dst, iteration=decision.iteration,
                                          last=decision.last)
                 requested[dst] = request

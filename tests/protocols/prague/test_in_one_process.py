@@ -15,7 +15,7 @@ from hetsync.api import SyncOptimizer
 from hetsync.cores.errors import RemoteProtocolError
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
-from hetsync.protocols.prague.gg_wire import Kind
+from hetsync.protocols.prague.gg_wire import Kind, ToGG
 from hetsync.transport.preduce import make_preducer
 
 
@@ -40,7 +40,7 @@ def test_a_group_generator_failure_is_raised_at_once_with_its_cause(overlap, mon
     opt = SyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     mode = opt.protocol.mode
     assert isinstance(mode, OverlappedGroups) == overlap and mode.gg is not None
-    mode.gg.put(0, Kind.FINISHED, 99, 0.0)  # a group the GG never assigned: it raises
+    mode.gg.put(0, ToGG(Kind.FINISHED, 99, 0.0))  # a group the GG never assigned: it raises
     began = time.monotonic()
     with pytest.raises(RuntimeError, match="Group Generator") as raised:
         for _ in range(3):

@@ -10,6 +10,7 @@ from hetsync.protocols.prague.worker import (
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
+    ReportFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
@@ -34,7 +35,8 @@ def test_step_request_reduce_step():
     assert core.state is WorkerState.SYNCING and core.awaiting_answer
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
     assert core.state is WorkerState.REDUCING and core.running == MINE
-    assert core.handle(PReduceFinished(group_id=3)) == [StartStep(iteration=2)]
+    assert core.handle(PReduceFinished(group_id=3)) == [
+        ReportFinished(group_id=3), StartStep(iteration=2)]
     assert core.state is WorkerState.COMPUTING and core.iteration == 2
 
 
@@ -47,17 +49,20 @@ def test_groups_assigned_during_a_step_run_first_then_the_answer():
     ]
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
     assert core.queued == (MINE,)
-    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+    assert core.handle(PReduceFinished(group_id=1)) == [
+        ReportFinished(group_id=1), RunPReduce(group=MINE)]
     assert core.handle(GroupAssigned(group=LATER)) == []
-    assert core.handle(PReduceFinished(group_id=3)) == [RunPReduce(group=LATER)]
-    assert core.handle(PReduceFinished(group_id=5)) == [StartStep(iteration=2)]
+    assert core.handle(PReduceFinished(group_id=3)) == [
+        ReportFinished(group_id=3), RunPReduce(group=LATER)]
+    assert core.handle(PReduceFinished(group_id=5)) == [
+        ReportFinished(group_id=5), StartStep(iteration=2)]
 
 
 def test_no_step_starts_before_the_answer_even_with_an_empty_queue():
     core = _core()
     core.handle(GroupAssigned(group=OTHERS))
     core.handle(StepFinished(iteration=1))
-    assert core.handle(PReduceFinished(group_id=1)) == []
+    assert core.handle(PReduceFinished(group_id=1)) == [ReportFinished(group_id=1)]
     assert core.state is WorkerState.SYNCING and core.awaiting_answer
 
 
@@ -69,17 +74,20 @@ def test_an_answer_naming_a_group_already_assigned_needs_no_second_preduce(answe
     core.handle(StepFinished(iteration=1))  # runs OTHERS; MINE waits in the queue
     if answer_while == "queued":
         assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
-        assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
-        assert core.handle(PReduceFinished(group_id=3)) == [StartStep(iteration=2)]
+        assert core.handle(PReduceFinished(group_id=1)) == [
+            ReportFinished(group_id=1), RunPReduce(group=MINE)]
+        assert core.handle(PReduceFinished(group_id=3)) == [
+            ReportFinished(group_id=3), StartStep(iteration=2)]
         return
     answer = GroupAssigned(group=OTHERS, answers_request=True)
     if answer_while == "running":
         assert core.handle(answer) == []
         core.handle(PReduceFinished(group_id=1))
-        assert core.handle(PReduceFinished(group_id=3)) == [StartStep(iteration=2)]
+        assert core.handle(PReduceFinished(group_id=3)) == [
+            ReportFinished(group_id=3), StartStep(iteration=2)]
     else:
         core.handle(PReduceFinished(group_id=1))
-        assert core.handle(PReduceFinished(group_id=3)) == []
+        assert core.handle(PReduceFinished(group_id=3)) == [ReportFinished(group_id=3)]
         assert core.handle(answer) == [StartStep(iteration=2)]
 
 
@@ -89,7 +97,7 @@ def test_last_step_leaves_once_every_group_is_done():
         RequestGroup(rank=0, iteration=7, last=True)
     ]
     core.handle(GroupAssigned(group=MINE, answers_request=True))
-    assert core.handle(PReduceFinished(group_id=3)) == [StopTraining()]
+    assert core.handle(PReduceFinished(group_id=3)) == [ReportFinished(group_id=3), StopTraining()]
     assert core.state is WorkerState.DONE
 
 
@@ -115,7 +123,7 @@ def test_overlap_merges_requests_and_steps_at_once_then_reduces_beside_the_step(
     assert core.state is WorkerState.COMPUTING and core.awaiting_answer
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
     assert core.state is WorkerState.COMPUTING and core.running == MINE
-    assert core.handle(PReduceFinished(group_id=3)) == []
+    assert core.handle(PReduceFinished(group_id=3)) == [ReportFinished(group_id=3)]
     assert core.handle(StepFinished(iteration=2)) == [
         MergeModels(), RequestGroup(rank=0, iteration=2, last=False), StartStep(iteration=3)]
 
@@ -126,7 +134,8 @@ def test_overlap_the_next_step_ends_waiting_for_the_previous_answers_group():
     assert core.handle(StepFinished(iteration=2)) == []  # no answer yet
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
     assert core.handle(PReduceFinished(group_id=3)) == [
-        MergeModels(), RequestGroup(rank=0, iteration=2, last=False), StartStep(iteration=3)]
+        ReportFinished(group_id=3), MergeModels(), RequestGroup(rank=0, iteration=2, last=False),
+        StartStep(iteration=3)]
 
 
 def test_overlap_groups_of_others_wait_for_the_first_merge_then_run_in_order():
@@ -137,11 +146,12 @@ def test_overlap_groups_of_others_wait_for_the_first_merge_then_run_in_order():
         RunPReduce(group=OTHERS)]
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
     assert core.handle(StepFinished(iteration=2)) == []  # OTHERS runs, MINE is queued
-    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+    assert core.handle(PReduceFinished(group_id=1)) == [
+        ReportFinished(group_id=1), RunPReduce(group=MINE)]
     assert core.handle(GroupAssigned(group=LATER)) == []
     assert core.handle(PReduceFinished(group_id=3)) == [
-        MergeModels(), RequestGroup(rank=0, iteration=2, last=False), StartStep(iteration=3),
-        RunPReduce(group=LATER)]
+        ReportFinished(group_id=3), MergeModels(), RequestGroup(rank=0, iteration=2, last=False),
+        StartStep(iteration=3), RunPReduce(group=LATER)]
 
 
 def test_overlap_an_answer_naming_the_running_group_needs_no_second_preduce():
@@ -150,8 +160,8 @@ def test_overlap_an_answer_naming_the_running_group_needs_no_second_preduce():
     core.handle(GroupAssigned(group=OTHERS))  # runs at once
     assert core.handle(GroupAssigned(group=OTHERS, answers_request=True)) == []
     assert core.handle(StepFinished(iteration=2)) == []
-    assert core.handle(PReduceFinished(group_id=1))[:2] == [
-        MergeModels(), RequestGroup(rank=0, iteration=2, last=False)]
+    assert core.handle(PReduceFinished(group_id=1))[:3] == [
+        ReportFinished(group_id=1), MergeModels(), RequestGroup(rank=0, iteration=2, last=False)]
 
 
 def test_overlap_last_step_leaves_after_its_group_and_the_queue_with_a_final_merge():
@@ -160,8 +170,10 @@ def test_overlap_last_step_leaves_after_its_group_and_the_queue_with_a_final_mer
         MergeModels(), RequestGroup(rank=0, iteration=7, last=True)]
     assert core.handle(GroupAssigned(group=OTHERS)) == [RunPReduce(group=OTHERS)]
     assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == []
-    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
-    assert core.handle(PReduceFinished(group_id=3)) == [MergeModels(), StopTraining()]
+    assert core.handle(PReduceFinished(group_id=1)) == [
+        ReportFinished(group_id=1), RunPReduce(group=MINE)]
+    assert core.handle(PReduceFinished(group_id=3)) == [
+        ReportFinished(group_id=3), MergeModels(), StopTraining()]
     assert core.state is WorkerState.DONE
 
 
@@ -213,3 +225,40 @@ def test_both_engines_build_the_core_from_the_run_options(options, overlap):
     config = RunConfig(protocol="prague", workers=4, workload="svm", **options)
     core = PragueWorkerCore.of_run(config, 3, 4)
     assert (core.rank, core.overlap) == (3, overlap)
+
+
+# Reporting a finished group with the next request (the `ready` policy).
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["between steps", "overlap"])
+def test_a_finished_group_rides_in_the_next_request_and_none_is_held_at_the_end(overlap):
+    core = PragueWorkerCore(rank=0, world=5, overlap=overlap, report_with_request=True)
+    requests = [d for d in core.handle(StepFinished(iteration=1)) if isinstance(d, RequestGroup)]
+    assert requests == [RequestGroup(rank=0, iteration=1, last=False)]
+    core.handle(GroupAssigned(group=MINE, answers_request=True))
+    assert not any(isinstance(d, ReportFinished)
+                   for d in core.handle(PReduceFinished(group_id=3)))  # held
+    decisions = core.handle(StepFinished(iteration=2, last=True))
+    assert [d for d in decisions if isinstance(d, RequestGroup | ReportFinished)] == [
+        RequestGroup(rank=0, iteration=2, last=True, finished=3)]
+    core.handle(GroupAssigned(group=LATER, answers_request=True))
+    assert core.handle(PReduceFinished(group_id=5))[0] == ReportFinished(group_id=5)  # the last
+    assert core.state is WorkerState.DONE
+
+
+def test_a_second_finished_group_reports_the_held_one_at_once_in_order():
+    core = PragueWorkerCore(rank=0, world=5, report_with_request=True)
+    core.handle(GroupAssigned(group=OTHERS))
+    core.handle(GroupAssigned(group=MINE))
+    core.handle(StepFinished(iteration=1))  # runs OTHERS, then MINE
+    assert core.handle(PReduceFinished(group_id=1)) == [RunPReduce(group=MINE)]
+    assert core.handle(PReduceFinished(group_id=3)) == [ReportFinished(group_id=1)]
+    core.handle(GroupAssigned(group=MINE, answers_request=True))
+    assert core.handle(StepFinished(iteration=2))[0] == RequestGroup(
+        rank=0, iteration=2, last=False, finished=3)
+
+
+@pytest.mark.parametrize(("policy", "with_request"), [("ready", True), ("random", False)])
+def test_only_the_ready_policy_reports_finished_groups_with_the_request(policy, with_request):
+    config = RunConfig(protocol="prague", workers=4, workload="svm", gg_policy=policy)
+    assert PragueWorkerCore.of_run(config, 1, 4).report_with_request is with_request

@@ -21,30 +21,34 @@ TO_GG_TAG, FROM_GG_TAG = 51, 52
 class Kind(IntEnum):
     """What a worker's message to the GG says."""
 
-    REQUEST = 1  # value: the iteration it finished; flag: 1.0 if it was its last
+    REQUEST = 1  # value: the iteration it finished; flag: 1.0 if it was its last; finished:
+    # a group it has run, told before the request (-1: none)
     FINISHED = 2  # value: the id of a group it has run
     BYE = 3  # it leaves: no more messages from it
 
 
 @dataclass(frozen=True, slots=True)
 class ToGG:
-    """A worker's message to the GG: its kind, an iteration or group id, and a flag."""
+    """A worker's message to the GG: its kind, an iteration or group id, a flag, and a group
+    finished (a request's, -1 for none; `PragueWorkerCore` says when one rides along)."""
 
     kind: int
     value: int
     flag: float
+    finished: int = -1
 
     def encode(self) -> torch.Tensor:
-        return torch.tensor([self.kind, self.value, float_word(self.flag)], dtype=torch.int64)
+        return torch.tensor([self.kind, self.value, float_word(self.flag), self.finished],
+                            dtype=torch.int64)
 
     @staticmethod
     def empty() -> torch.Tensor:
-        return torch.empty(3, dtype=torch.int64)
+        return torch.empty(4, dtype=torch.int64)
 
     @classmethod
     def decode(cls, message: torch.Tensor) -> ToGG:
-        kind, value, flag = message.tolist()
-        return cls(kind, value, word_float(flag))
+        kind, value, flag, finished = message.tolist()
+        return cls(kind, value, word_float(flag), finished)
 
 
 @dataclass(frozen=True, slots=True)

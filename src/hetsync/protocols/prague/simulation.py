@@ -45,6 +45,7 @@ from hetsync.protocols.prague.worker import (
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
+    ReportFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
@@ -119,15 +120,17 @@ class GroupGeneratorService:
         self.ready_wait = sim.config.ready_wait / 1000.0 if core.policy == "ready" else None
         self._timer = 0
 
-    def receive(self, event: Any) -> None:
-        self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
+    def receive(self, *events: Any) -> None:
+        """One message: its events (a request may carry a group finished before it)."""
+        self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, events)
 
     def lost(self, rank: int) -> None:
         """`rank` was declared lost: the watcher puts it in the generator's queue."""
         self.receive(WorkerLost(rank=rank))
 
-    def _serve(self, event: Any) -> None:
-        self._send(self.core.handle(event))  # the core drops what a lost worker sent before
+    def _serve(self, events: tuple[Any, ...]) -> None:
+        for event in events:  # the core drops what a lost worker sent before
+            self._send(self.core.handle(event))
 
     def _expired(self, timer: int) -> None:
         if timer == self._timer and self.core.waiting:
@@ -190,9 +193,16 @@ class PragueWorker(SimWorker):
     def on_request_group(self, decision: RequestGroup) -> None:
         assert self.gg is not None
         event = GroupRequested(rank=self.rank, iteration=decision.iteration, last=decision.last)
-        self.sim.control(self.rank, 0, self.gg.receive, event)
+        finished = () if decision.finished is None else (
+            GroupFinished(group_id=decision.finished, rank=self.rank),)
+        self.sim.control(self.rank, 0, self.gg.receive, *finished, event)
         if not self.overlap:
             self.block("the Group Generator's answer")
+
+    def on_report_finished(self, decision: ReportFinished) -> None:
+        assert self.gg is not None
+        event = GroupFinished(group_id=decision.group_id, rank=self.rank)
+        self.sim.control(self.rank, 0, self.gg.receive, event)
 
     def on_merge_models(self, decision: MergeModels) -> None:
         if self.sim.math is not None:
@@ -231,10 +241,6 @@ class PragueWorker(SimWorker):
         self._run(decisions + self._finished(group))
 
     def _finished(self, group: Group) -> list[Decision]:
-        assert self.gg is not None
-        sim = self.sim
-        event = GroupFinished(group_id=group.id, rank=self.rank)
-        sim.control(self.rank, 0, self.gg.receive, event)
         return self.core.handle(PReduceFinished(group_id=group.id))
 
     def _end_step(self) -> None:

@@ -66,16 +66,16 @@ class GroupGeneratorService:
                         lambda message: ToGG.decode(message).kind == Kind.BYE,
                         reuse=False, name="prague-gg-recv", deliver=self._receive)
         if runtime.lost is not None:
-            runtime.lost.subscribe(lambda rank: self.put(rank, _LOST, 0, 0.0))
+            runtime.lost.subscribe(lambda rank: self.put(rank, ToGG(_LOST, 0, 0.0)))
 
-    def put(self, rank: int, kind: int, value: int, flag: float) -> None:
+    def put(self, rank: int, message: ToGG) -> None:
         """Serve a message from `rank` on the calling thread (rank 0's own come here directly,
         the others' from their receive threads)."""
         with self._cond:
             if self.error is not None or self._done():
                 return
             try:
-                self._serve(rank, kind, value, flag)
+                self._serve(rank, message)
             except BaseException as error:  # noqa: BLE001 - re-raised on rank 0's training thread
                 self._fail(error)
                 return
@@ -92,10 +92,10 @@ class GroupGeneratorService:
             return
         src, message = item
         if message is not None:  # None: its stream ended (its goodbye came, or it was lost)
-            to_gg = ToGG.decode(message)
-            self.put(src, to_gg.kind, to_gg.value, to_gg.flag)
+            self.put(src, ToGG.decode(message))
 
-    def _serve(self, rank: int, kind: int, value: int, flag: float) -> None:
+    def _serve(self, rank: int, message: ToGG) -> None:
+        kind, value = message.kind, message.value
         if kind == _LOST:
             self._lost.add(rank)
             if rank not in self._gone:
@@ -106,7 +106,10 @@ class GroupGeneratorService:
                 self._gone.add(rank)
                 self._end(rank)
         elif kind == Kind.REQUEST:
-            event = GroupRequested(rank=rank, iteration=value, last=bool(flag))
+            if message.finished >= 0:  # a group finished, told with the request: before it
+                self._send_all(self.core.handle(GroupFinished(group_id=message.finished,
+                                                              rank=rank)))
+            event = GroupRequested(rank=rank, iteration=value, last=bool(message.flag))
             self._requested_at[rank] = time.perf_counter()
             self._send_all(self.core.handle(event))
         else:

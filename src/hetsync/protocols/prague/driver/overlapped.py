@@ -17,7 +17,6 @@ import torch
 from hetsync.protocols.base import Step
 from hetsync.protocols.prague.driver.averaging import GroupAverager, add_time
 from hetsync.protocols.prague.driver.random_groups import RandomGroups
-from hetsync.protocols.prague.gg_wire import Kind
 from hetsync.protocols.prague.group_generator import Group
 from hetsync.protocols.prague.worker import (
     Decision,
@@ -145,7 +144,6 @@ class OverlappedGroups(RandomGroups):
             self._ran.append([group.id, *group.members])
             self._comm_preduce_s += time.perf_counter() - began
             self._sent_bytes += self.averager.bytes_out(comm, members)
-            self._to_gg(Kind.FINISHED, group.id, 0.0)
             resume = self._execute(self.core.handle(PReduceFinished(group_id=group.id)))
         if resume is not None:
             self._resume.put(resume)

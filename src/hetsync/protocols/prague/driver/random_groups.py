@@ -34,6 +34,7 @@ from hetsync.protocols.prague.worker import (
     MergeModels,
     PragueWorkerCore,
     PReduceFinished,
+    ReportFinished,
     RequestGroup,
     RunPReduce,
     StartStep,
@@ -104,14 +105,17 @@ class RandomGroups:
 
     # --- the core's decisions (`PragueDecisionHandler`): the step to resume with, if any ------
     def on_request_group(self, decision: RequestGroup) -> None:
-        self._to_gg(Kind.REQUEST, decision.iteration, float(decision.last))
+        finished = -1 if decision.finished is None else decision.finished
+        self._to_gg(ToGG(Kind.REQUEST, decision.iteration, float(decision.last), finished))
+
+    def on_report_finished(self, decision: ReportFinished) -> None:
+        self._to_gg(ToGG(Kind.FINISHED, decision.group_id, 0.0))
 
     def on_run_preduce(self, decision: RunPReduce) -> None:
         """Run the P-Reduce now, between the steps."""
         group, step = decision.group, self._step
         step.extra.setdefault("groups", []).append([group.id, *group.members])
         self.averager.preduce(group.members, step)
-        self._to_gg(Kind.FINISHED, group.id, 0.0)
         self._todo.extend(self.core.handle(PReduceFinished(group_id=group.id)))
 
     def on_merge_models(self, decision: MergeModels) -> None:
@@ -147,12 +151,12 @@ class RandomGroups:
         add_time(step, "wake_s", max(item.arrived, began))
         return item.assigned
 
-    def _to_gg(self, kind: Kind, value: int, flag: float) -> None:
+    def _to_gg(self, message: ToGG) -> None:
         self.runtime.before_send()
         if self.gg is not None:
-            self.gg.put(self.rank, kind, value, flag)
+            self.gg.put(self.rank, message)
         else:
-            self.gg_link.send(ToGG(kind, value, flag).encode(), 0, tag=TO_GG_TAG)
+            self.gg_link.send(message.encode(), 0, tag=TO_GG_TAG)
 
     def _deliver(self, assign: AssignGroup, held: float) -> None:
         """Rank 0's GG hands rank 0 its own assignments directly."""
@@ -192,7 +196,7 @@ class RandomGroups:
 
     def close(self) -> None:
         """Say goodbye to the GG; rank 0 waits until every worker has said it."""
-        self._to_gg(Kind.BYE, 0, 0.0)
+        self._to_gg(ToGG(Kind.BYE, 0, 0.0))
         for thread in self._threads:
             thread.join()
         if self.gg is not None:
