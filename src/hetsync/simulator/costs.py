@@ -35,7 +35,10 @@ Calibration. Measured on the project machine (2 CPUs shared with other sessions,
   two messages, as a request and a finish alternate); rank 0's process CPU time per message
   was 0.33 ms, plus 7-36 µs for `GroupGeneratorCore.handle` itself (replayed on 16 workers):
   0.36 ms. CPU time, since the wall time per message (1.8-3.9 ms) measures the other
-  sessions' load rather than the thread.
+  sessions' load rather than the thread. Measured on that two-thread loop; the generator now
+  serves a message on the thread that receives it, and under the `ready` policy a request
+  carries the group finished before it (one message a step, not two): docs/simulator.md
+  says what that does to this figure.
 * `SERVICE_S["parameter-server"]`: from two real runs of
   `python experiments/sim_validation.py --workers 8 --protocols ps-sync,ps-async` (svm,
   8 workers, homogeneous, load 3-4): a synchronous round makes each worker wait for all
