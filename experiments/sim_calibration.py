@@ -6,13 +6,13 @@ Three measurements, each of what a real run spends where the simulator charges a
   model (3140 B), sleeping --gap ms between rounds as real workers do between messages (so
   each receive wakes a sleeping process); the one-way latency is half the median round trip.
   A --bulk transfer, answered by 4 bytes, gives the copy bandwidth. -> LOCAL_NETWORK.
-* group generator: the per-message cost of rank 0's Group Generator, as its two threads
-  spend it (`hetsync.protocols.prague.driver.gg_service.GroupGeneratorService`): a receiver thread
-  `recv`s each 3-float message from any rank and queues it; the serving thread takes it, runs
-  `GroupGeneratorCore.handle` and `send`s the assignments (on average one per request). Here
-  rank 1 sends as fast as it can, so rank 0 is saturated and elapsed / messages is its
-  service time; the core's own `handle` is timed apart on a replayed run of --workers.
-  -> SERVICE_S["group-generator"].
+* group generator: the per-message cost of rank 0's Group Generator, as its threads spend it
+  (`hetsync.protocols.prague.driver.gg_service.GroupGeneratorService`): the thread receiving
+  from a worker `recv`s each 4-word message, decodes it and, as the core answers a request,
+  `send`s an assignment (one per request; under the `ready` policy a request carries the
+  group finished before it, so every message is a request). Here rank 1 sends as fast as it
+  can, so rank 0 is saturated and elapsed / messages is its service time; the core's own
+  `handle` is timed apart on a replayed run of --workers. -> SERVICE_S["group-generator"].
 * from real runs (`--runs DIR`, run directories such as experiments/sim_validation.py's
   real/): an iteration's wall time beyond its compute, injected delay and synchronisation wait
   (the per-iteration overhead) -> ITERATION_OVERHEAD_S; and Prague's measured P-Reduce time.
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import random
 import socket
 import statistics
@@ -44,7 +43,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from hetsync.protocols.prague.gg_wire import FROM_GG_TAG, TO_GG_TAG, FromGG, Kind, ToGG
 from hetsync.protocols.prague.group_generator import (
+    Group,
     GroupFinished,
     GroupGeneratorCore,
     GroupRequested,
@@ -80,44 +81,38 @@ def _pingpong(rank: int, nbytes: int, rounds: int, gap_s: float) -> list[float]:
 
 
 def _gg_loop(rank: int, messages: int, world: int) -> tuple[float, float]:
-    """Rank 0 serves `messages` 3-float messages the way the Group Generator's threads do;
-    returns its (wall, CPU) seconds per message (rank 1 returns zeros)."""
-    answers = messages // 2
+    """Rank 0 serves `messages` requests the way the Group Generator's threads do (on the
+    thread that receives them, an assignment sent back for each); returns its (wall, CPU)
+    seconds per message (rank 1 returns zeros)."""
     if rank == 1:
         def collect() -> None:
-            out = torch.empty(3 + world)
-            for _ in range(answers):
-                dist.recv(out, 0, tag=52)
+            out = FromGG.empty(world)
+            for _ in range(messages):
+                dist.recv(out, 0, tag=FROM_GG_TAG)
 
         thread = threading.Thread(target=collect)
         thread.start()
-        message = torch.tensor([1.0, 2.0, 0.0])
+        message = ToGG(Kind.REQUEST, 2, 0.0, finished=1).encode()
         for _ in range(messages):
-            dist.send(message, 0, tag=51)
+            dist.send(message, 0, tag=TO_GG_TAG)
         thread.join()
         return 0.0, 0.0
-    inbox: queue.Queue[tuple[int, float, int, float]] = queue.Queue()
+    timed: list[float] = []
 
     def receive() -> None:
-        for _ in range(messages):
-            message = torch.empty(3)
-            src = dist.recv(message, src=None, tag=51)
-            inbox.put((src, float(message[0]), int(message[1]), float(message[2])))
+        for i in range(messages):
+            message = ToGG.empty()
+            dist.recv(message, 1, tag=TO_GG_TAG)
+            request = ToGG.decode(message)
+            if not timed:
+                timed.extend((time.perf_counter(), time.process_time()))
+            answer = FromGG(Group(id=i, members=(0, 1, 2)), True, float(request.flag))
+            dist.send(answer.encode(world), 1, tag=FROM_GG_TAG)
 
     thread = threading.Thread(target=receive)
-    began = cpu = None
     thread.start()
-    for i in range(messages):
-        inbox.get()
-        if began is None:
-            began, cpu = time.perf_counter(), time.process_time()
-        if i % 2:
-            answer = torch.full((3 + world,), -1.0)
-            answer[:3] = torch.tensor([float(i), 1.0, 3.0])
-            answer[3:6] = torch.tensor([0.0, 1.0, 2.0])
-            dist.send(answer, 1, tag=52)
     thread.join()
-    assert began is not None and cpu is not None
+    began, cpu = timed
     return ((time.perf_counter() - began) / (messages - 1),
             (time.process_time() - cpu) / (messages - 1))
 
@@ -234,7 +229,10 @@ def main() -> int:
         "gg_loop_s_per_message": timed["gg_loop_s"],
         "gg_loop_cpu_s_per_message": timed["gg_loop_cpu_s"],
         "gg_core_handle_s": handle,
-        "gg_service_s": {p: timed["gg_loop_cpu_s"] + h for p, h in handle.items()},
+        # a message: under `ready` a request and the group finished before it (two events),
+        # under `random` either one
+        "gg_service_s": {p: timed["gg_loop_cpu_s"] + h * (2 if p == "ready" else 1)
+                         for p, h in handle.items()},
     }
     if args.runs is not None:
         found["from_runs"] = from_runs(args.runs)

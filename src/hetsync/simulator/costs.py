@@ -37,8 +37,9 @@ Calibration. Measured on the project machine (2 CPUs shared with other sessions,
   0.36 ms. CPU time, since the wall time per message (1.8-3.9 ms) measures the other
   sessions' load rather than the thread. Measured on that two-thread loop; the generator now
   serves a message on the thread that receives it, and under the `ready` policy a request
-  carries the group finished before it (one message a step, not two): docs/simulator.md
-  says what that does to this figure.
+  carries the group finished before it (one message a step, not two). The script times the
+  new loop; idle, it and the old one cost the same per message (0.255 and 0.253 ms of CPU,
+  docs/simulator.md), so the figure is kept.
 * `SERVICE_S["parameter-server"]`: from two real runs of
   `python experiments/sim_validation.py --workers 8 --protocols ps-sync,ps-async` (svm,
   8 workers, homogeneous, load 3-4): a synchronous round makes each worker wait for all
