@@ -94,6 +94,20 @@ def test_hundreds_of_preduces_in_one_order_with_random_delays(case, train_run):
         assert stats["conflicts"] == 0
 
 
+def test_a_slow_worker_is_left_out_once_the_ready_wait_runs_out(train_run):
+    """Groups of 3 with rank 2 twenty times slower: the GG's timer groups the two fast ranks
+    after `--ready-wait` (no message comes to wake it: only the timer can), so they go on
+    in pairs; without it they would wait for rank 2 every step."""
+    result = train_run(protocol="prague", workers=3, group_size=3, max_iterations=40,
+                       step_time=5.0, slowdown="deterministic:ranks=2,factor=20",
+                       ready_wait=20.0, stop_at_target=False, eval_every=60)
+    groups = groups_run(result.run_dir, 3)
+    pairs = [g for g in groups[0] if g[1:] == [0, 1]]
+    assert len(pairs) >= 20, groups[0]
+    stats = json.loads((result.run_dir / "group_generator.json").read_text())
+    assert stats["undersized"] >= len(pairs) and stats["conflicts"] == 0
+
+
 def test_static_schedule_workers_stop_after_the_same_step(train_run):
     result = train_run(protocol="prague", schedule="static", workers=4, max_time=3,
                        step_time=2.0, slowdown="random:p=0.2,factor=4", stop_at_target=False,
