@@ -33,8 +33,9 @@ from hetsync.protocols.adpsgd.core import (
 )
 
 
-def _core(rank, neighbours, naive=False, seed=0):
-    return ADPSGDCore(rank, neighbours, naive, random.Random(f"adpsgd/{seed}/{rank}"))
+def _core(rank, neighbours, naive=False, seed=0, max_gap=0):
+    return ADPSGDCore(rank, neighbours, naive, random.Random(f"adpsgd/{seed}/{rank}"),
+                      max_gap=max_gap)
 
 
 def test_roles_split_odd_active_from_even_passive_unless_naive():
@@ -139,12 +140,15 @@ def test_refused(assert_refused):
                    LocalProtocolError, "state FINISHING", then=started)
 
 
+@pytest.mark.parametrize("max_gap", [0, 1, 3])
 @pytest.mark.parametrize("seed", range(3))
-def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
-    """Event simulation, lr 0: models are numbers; messages arrive in random order."""
+def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed, max_gap):
+    """Event simulation, lr 0: models are numbers; messages arrive in random order. With a
+    bounded lead, no passive worker steps further ahead of a live client than `max_gap`."""
     world, rng = 8, random.Random(seed)
     neighbours = {r: [(r - 1) % world, (r + 1) % world] for r in range(world)}
-    cores = [_core(r, neighbours[r], seed=seed) for r in range(world)]
+    cores = [_core(r, neighbours[r], seed=seed, max_gap=max_gap) for r in range(world)]
+    said_bye: set[int] = set()
     x = [float(r) for r in range(world)]
     sent: dict[int, float] = {}  # the model each active worker sent with its request
     replies: dict[int, float] = {}
@@ -155,7 +159,7 @@ def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
         for d in decisions:
             if isinstance(d, SendRequest):
                 sent[rank] = x[rank]
-                inbox.append((d.partner, RequestReceived(src=rank)))
+                inbox.append((d.partner, RequestReceived(src=rank, iteration=d.iteration)))
             elif isinstance(d, Serve):
                 x[rank] = (x[rank] + sent[d.client]) / 2
                 replies[d.client] = x[rank]
@@ -164,6 +168,10 @@ def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
             elif isinstance(d, LoadAverage):
                 x[rank] = replies.pop(rank)
             elif isinstance(d, StepGranted):
+                if max_gap and cores[rank].passive:
+                    behind = [c for c in cores[rank].clients if c not in said_bye
+                              and cores[rank].client_iteration[c] < d.iteration - max_gap]
+                    assert not behind, (rank, d.iteration, behind)
                 run(rank, cores[rank].handle(StepFinished(iteration=d.iteration,
                                                           wants_stop=False)))
                 todo[rank] -= 1
@@ -173,6 +181,8 @@ def test_bipartite_random_run_conserves_the_sum_and_never_deadlocks(seed):
                     run(rank, cores[rank].handle(Leave()))
             elif isinstance(d, SendBye):
                 inbox.extend((j, ByeReceived(src=rank)) for j in d.to)
+        if cores[rank].state is ADPSGDState.DONE:
+            said_bye.add(rank)
 
     for r in range(world):
         inbox.append((r, "next"))
@@ -232,3 +242,40 @@ def test_a_request_or_goodbye_from_a_client_already_lost_is_dropped_not_refused(
     assert core.handle(RequestReceived(src=3)) == [Serve(client=3)]
     assert core.handle(Served(src=3)) == []
     assert core.handle(ByeReceived(src=3)) == [ServerDone()]
+
+
+# --- a bounded lead (--adpsgd-max-gap) ---------------------------------------------------
+def test_a_passive_step_waits_for_its_clients_within_the_gap_and_serves_meanwhile():
+    core = _core(2, [1, 3], max_gap=1)
+    assert core.handle(RequestReceived(src=1, iteration=1)) == [Serve(client=1)]
+    assert core.handle(Served(src=1)) == []
+    core.handle(IterationStarted(iteration=1))
+    assert core.handle(ComputeFinished(iteration=1)) == [StepGranted(iteration=1)]  # 1 - 0
+    core.handle(StepFinished(iteration=1, wants_stop=False))
+    core.handle(IterationStarted(iteration=2))
+    assert core.handle(ComputeFinished(iteration=2)) == []  # client 3 still at 0
+    assert core.held_for == (3,) and core.holder is Holder.FREE
+    assert core.handle(RequestReceived(src=1, iteration=2)) == [Serve(client=1)]  # meanwhile
+    assert core.handle(Served(src=1)) == []
+    assert core.handle(RequestReceived(src=3, iteration=1)) == [StepGranted(iteration=2)]
+    assert core.handle(StepFinished(iteration=2, wants_stop=False)) == [
+        Finish(iteration=2, stop=False), Serve(client=3)]
+
+
+def test_a_client_that_leaves_no_longer_holds_the_step():
+    core = _core(2, [1, 3], max_gap=1)
+    core.handle(RequestReceived(src=1, iteration=5))
+    core.handle(Served(src=1))
+    core.handle(IterationStarted(iteration=3))
+    assert core.handle(ComputeFinished(iteration=3)) == [] and core.held_for == (3,)
+    assert core.handle(ByeReceived(src=3)) == [StepGranted(iteration=3)]
+
+
+def test_a_bounded_lead_is_refused_in_naive_mode_and_a_request_going_back_is_remote():
+    with pytest.raises(ValueError, match="bipartite"):
+        _core(2, [1, 3], naive=True, max_gap=2)
+    core = _core(2, [1, 3], max_gap=2)
+    core.handle(RequestReceived(src=1, iteration=5))
+    core.handle(Served(src=1))
+    with pytest.raises(RemoteProtocolError, match="iteration 4 after its 5"):
+        core.handle(RequestReceived(src=1, iteration=4))

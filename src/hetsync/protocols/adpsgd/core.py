@@ -19,6 +19,16 @@ each other (or any cycle) then wait forever: `awaiting_reply_from`, `holder` and
 expose exactly that, so a simulator sees the cycle instead of spinning. When the lock frees,
 the trainer's own step or deferred request goes first, then the oldest queued request.
 
+Bounded lead (`max_gap`, `--adpsgd-max-gap`; 0, the paper's, is unbounded). A passive worker
+never waits, so where serving costs its clients more than its own compute costs it (a large
+model, one core a worker: 8 workers with a 45 MB model ran passive ranks 97-103 iterations
+and active ones 57-60, waiting for replies), it runs ahead and its clients are starved. With a
+bound, its step waits until every live client's latest request comes from an iteration at
+most `max_gap` behind its own; meanwhile it serves, so the wait gives its core to its
+clients' replies. Only passive workers wait, and only for active ones, which never wait for a
+passive worker's trainer (only for its serving, which goes on): still no cycle. A client that
+left or was lost no longer counts. Not with `naive`, whose workers are active as well.
+
 Leaving: `Leave` (after the last step, or with an iteration begun and never finished, whose
 request is then completed first) -> `SendBye` to every partner. A neighbour lost from the run
 (`PeerLost`) is no longer chosen and, as a client, counts as gone; a request to a partner
@@ -27,7 +37,8 @@ client sent before it was declared lost, arriving after `PeerLost`, is dropped (
 the core, not its driver, knows under its lock who is lost. A passive worker's serving ends
 (`ServerDone`) once every client has said goodbye. Decisions are returned to whoever fed the
 event; some are for the other side of the same worker (a `Served` may grant the trainer's
-`StepGranted`, a `StepFinished` the next `Serve`). Each event costs O(1).
+`StepGranted`, a `StepFinished` the next `Serve`). Each event costs O(1), O(clients) with a
+bounded lead.
 """
 
 from __future__ import annotations
@@ -117,9 +128,10 @@ class PeerLost:
 # --- events in: the server's -------------------------------------------------------------------
 @dataclass(**_frozen)
 class RequestReceived:
-    """Client `src` asks to average with this worker."""
+    """Client `src` asks to average with this worker, from its iteration `iteration`."""
 
     src: int
+    iteration: int = 0
 
 
 @dataclass(**_frozen)
@@ -254,8 +266,11 @@ class ADPSGDCore(Core[Event, Decision]):
     """One AD-PSGD worker's state machine (see the module doc)."""
 
     def __init__(self, rank: int, neighbours: Sequence[int], naive: bool,
-                 rng: random.Random) -> None:
+                 rng: random.Random, max_gap: int = 0) -> None:
+        if naive and max_gap:
+            raise ValueError("a bounded lead (max_gap) needs the bipartite mode")
         self.rank, self.naive, self.rng = rank, naive, rng
+        self.max_gap = max_gap
         self.active, self.passive, self.partners, self.clients = roles(rank, neighbours, naive)
         self._client_set = frozenset(self.clients)
         self.state = ADPSGDState.IDLE
@@ -272,14 +287,17 @@ class ADPSGDCore(Core[Event, Decision]):
         self._gone: set[int] = set()  # clients that said goodbye or were lost
         self._lost: set[int] = set()  # clients declared lost (PeerLost)
         self.remaining_clients = len(self.clients)
+        self.client_iteration = dict.fromkeys(self.clients, 0)
+        """Each client's iteration, as its latest request said."""
 
     @classmethod
-    def of_run(cls, topology: Topology, rank: int, seed: int, mode: str) -> ADPSGDCore:
+    def of_run(cls, topology: Topology, rank: int, seed: int, mode: str,
+               max_gap: int = 0) -> ADPSGDCore:
         """Rank `rank`'s core in a run: the one recipe the driver and the simulation share, so
         that simulated workers draw the same partners as real ones (from the run's seed)."""
         neighbours = [*topology.in_peers(rank), *topology.out_peers(rank)]
         return cls(rank, neighbours, naive=mode == "naive",
-                   rng=random.Random(f"adpsgd/{seed}/{rank}"))
+                   rng=random.Random(f"adpsgd/{seed}/{rank}"), max_gap=max_gap)
 
     @property
     def queued(self) -> tuple[int, ...]:
@@ -332,6 +350,10 @@ class ADPSGDCore(Core[Event, Decision]):
             if event.src in self._lost:
                 return []  # sent before it was lost: its client no longer counts
             self._check_client(event)
+            if event.iteration < self.client_iteration[event.src]:
+                raise self._remote(event, f"iteration {event.iteration} after its "
+                                   f"{self.client_iteration[event.src]}")
+            self.client_iteration[event.src] = event.iteration
             self._pending.add(event.src)
             self._queue.append(event.src)
             return self._grant() if self.holder is Holder.FREE else []
@@ -362,9 +384,20 @@ class ADPSGDCore(Core[Event, Decision]):
         raise LocalProtocolError(f"adpsgd rank {self.rank}: unknown event {event!r}")
 
     def _gone_client(self, src: int) -> list[Decision]:
+        """`src` no longer counts: the serving may end, and a step held for it may go."""
         self._gone.add(src)
         self.remaining_clients -= 1
-        return [] if self.remaining_clients else [ServerDone()]
+        done: list[Decision] = [] if self.remaining_clients else [ServerDone()]
+        return done + (self._grant() if self.holder is Holder.FREE else [])
+
+    @property
+    def held_for(self) -> tuple[int, ...]:
+        """The live clients this worker's step waits for (`max_gap`): more than `max_gap`
+        iterations behind it, as their latest requests said."""
+        if not self.max_gap:
+            return ()
+        return tuple(c for c in self.clients if c not in self._gone
+                     and self.iteration - self.client_iteration[c] > self.max_gap)
 
     def _check_client(self, event: RequestReceived | ByeReceived) -> None:
         src = event.src
@@ -410,7 +443,7 @@ class ADPSGDCore(Core[Event, Decision]):
         """The lock is free: the trainer's step or deferred request first, then the oldest
         queued request."""
         if self.state is ADPSGDState.FINISHING and self.awaiting_reply_from is None \
-                and self.deferred is None and self.passive:
+                and self.deferred is None and self.passive and not self.held_for:
             self.holder, self.state = Holder.STEP, ADPSGDState.STEPPING
             return [StepGranted(iteration=self.iteration)]
         if self.deferred is not None:

@@ -107,7 +107,8 @@ class ADPSGD(Protocol):
         self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory
-        self.core = ADPSGDCore.of_run(self.topology, rank, config.seed, config.adpsgd_mode)
+        self.core = ADPSGDCore.of_run(self.topology, rank, config.seed, config.adpsgd_mode,
+                                      config.adpsgd_max_gap)
         self.cond = threading.Condition()  # guards the core, shared with the receiver thread
         self._pending: _Pending | None = None
         # Model-sized buffers reused message after message (hetsync.transport.links.Link.flat
@@ -196,7 +197,8 @@ class ADPSGD(Protocol):
         if self._request_buffers is None:
             self._request_buffers = (self.link.empty(self.frame), self.link.empty(self.frame))
         message, reply = self._request_buffers
-        self.link.pack(self.frame, Header().encode(), self.tensors, out=message)
+        self.link.pack(self.frame, Header(iteration=step.iteration).encode(), self.tensors,
+                       out=message)
         works: list[dist.Work] = []
         self.runtime.before_send()
         if not unless_lost(self.runtime.lost, partner, lambda: works.extend([
@@ -284,7 +286,8 @@ class ADPSGD(Protocol):
                                    lambda message: Header.decode(self.frame, message).bye,
                                    reuse=True, name="adpsgd-passive")
             for source, buffer in requests:
-                if Header.decode(self.frame, buffer).bye:
+                header = Header.decode(self.frame, buffer)
+                if header.bye:
                     with self.cond:  # dropped if the core counts the client lost already
                         self._execute(self.core.handle(ByeReceived(src=source)))
                         if self._server_done:
@@ -294,7 +297,8 @@ class ADPSGD(Protocol):
                 if self.network is not None:  # the request's bytes come in, one at a time
                     self.network.occupy(point_to_point(source, self.runtime.rank, nbytes))
                 with self.cond:
-                    self._execute(self.core.handle(RequestReceived(src=source)))
+                    self._execute(self.core.handle(RequestReceived(src=source,
+                                                                   iteration=header.iteration)))
                     if self._serve_granted != source and source not in self.core.queued:
                         continue  # dropped: its client was lost before it came
                     self.cond.wait_for(lambda src=source: self._serve_granted == src)

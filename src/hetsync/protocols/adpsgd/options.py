@@ -21,9 +21,18 @@ class Options:
                               help="AD-PSGD: bipartite (deadlock-free) or naive (can deadlock; "
                               "for comparison)")
     """Naive: every worker active, as the paper's algorithm without its bipartite split."""
+    adpsgd_max_gap: int = option(0, at_least=0,
+                                 help="AD-PSGD: a passive worker's step waits until its clients "
+                                 "are at most this many iterations behind it, so that serving "
+                                 "them is not starved by its own compute (0: unbounded, the "
+                                 "paper's)")
+    """A passive worker's bounded lead over its clients (`ADPSGDCore`'s module doc)."""
 
 
 def check(config: RunOptions) -> None:
+    if config.adpsgd_max_gap and config.adpsgd_mode == "naive":
+        raise ConfigError("--adpsgd-max-gap needs --adpsgd-mode bipartite (in naive mode every "
+                          "worker is active too, and a bounded lead could wait in a cycle)")
     topology = build(config.topology, config.workers, config.weights)
     edge = next(((i, j) for i, j in topology.graph.edges if i % 2 == j % 2), None)
     if config.adpsgd_mode == "bipartite" and config.workers > 1 and edge is not None:

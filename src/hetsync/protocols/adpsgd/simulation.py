@@ -98,7 +98,7 @@ class ADPSGDSimWorker(SimWorker):
             sim.math.send_model(self.rank)
         arrival = sim.payload_arrival(self.rank, partner)
         sim.deliver(self.rank, partner, arrival, self.peers[partner].receive,
-                    RequestReceived(src=self.rank))
+                    RequestReceived(src=self.rank, iteration=decision.iteration))
         self.charge(nbytes=sim.costs.payload_bytes)
 
     def on_serve(self, decision: Serve) -> None:
@@ -154,7 +154,8 @@ def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
     topology = build(config.topology, config.workers, config.weights)
     workers = [ADPSGDSimWorker(sim, rank, ADPSGDCore.of_run(topology, rank, config.seed,
-                                                            config.adpsgd_mode))
+                                                            config.adpsgd_mode,
+                                                            config.adpsgd_max_gap))
                for rank in range(sim.world)]
     for worker in workers:
         worker.peers = workers
