@@ -9,7 +9,7 @@ from hetsync.protocols.adpsgd.wire import Header, frame
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("header", [Header(), Header(bye=True)])
+@pytest.mark.parametrize("header", [Header(), Header(bye=True), Header(iteration=2**40 + 257)])
 def test_a_header_and_its_model_survive(dtype, header):
     model = [torch.randn(3, 2).to(dtype), torch.full((2**8 + 1,), 2**24 + 1.0).to(dtype)]
     fr = frame(model)

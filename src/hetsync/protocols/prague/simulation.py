@@ -30,7 +30,6 @@ from collections import deque
 from typing import Any
 
 from hetsync.protocols.prague.group_generator import (
-    Group,
     GroupFinished,
     GroupGeneratorCore,
     GroupRequested,
@@ -214,7 +213,7 @@ class PragueWorker(SimWorker):
         group = decision.group
         self._groups.append([group.id, *group.members])
         if len(group.members) == 1:
-            self._todo.extend(self._finished(group))
+            self._todo.extend(self.core.handle(PReduceFinished(group_id=group.id)))
             return
         if not self.overlap:
             self._pending = list(self._todo)
@@ -237,11 +236,7 @@ class PragueWorker(SimWorker):
         group_id = key
         assert isinstance(group_id, int)
         decisions, self._pending = self._pending, []
-        group = Group(id=group_id, members=(self.rank,))  # only the id is used below
-        self._run(decisions + self._finished(group))
-
-    def _finished(self, group: Group) -> list[Decision]:
-        return self.core.handle(PReduceFinished(group_id=group.id))
+        self._run(decisions + self.core.handle(PReduceFinished(group_id=group_id)))
 
     def _end_step(self) -> None:
         self.unblock()

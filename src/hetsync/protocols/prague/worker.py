@@ -62,8 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Decision", "GroupAssigned", "MergeModels", "PReduceFinished", "PragueWorkerCore",
     "PragueDecisionHandler", "ReportFinished", "RequestGroup", "RunPReduce", "StartStep",
-    "StepFinished",
-    "StopTraining", "WorkerState", "dispatch",
+    "StepFinished", "StopTraining", "WorkerState", "dispatch",
 ]
 
 
