@@ -16,7 +16,7 @@ from hetsync.config import RunConfig
 from hetsync.transport.links import Links
 from hetsync.transport.runtime import Runtime
 
-TIMEOUT = datetime.timedelta(seconds=120)
+TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("LOCAL_GLOO_TIMEOUT", 120)))
 
 
 def free_port() -> int:

@@ -21,6 +21,17 @@ Each row: --repeats timed rounds after one warm-up, the median of the slowest ra
   link: pack, send, receive on threads, average into the model
 * adpsgd: iterations of the real AD-PSGD driver: odd (active) ranks request an average from
   an even (passive) neighbour, which serves it on its receiver thread and replies
+* dpsgd: iterations of the real D-PSGD driver on the ring: pack, exchange with both
+  neighbours, average into the model
+* prague: iterations of the real Prague driver (its default: overlapped, `ready` groups, here
+  of 2): merge the averaged copy into the model, ask rank 0's Group Generator, P-Reduce the
+  copy on the communication thread
+* localsgd: iterations of the real Local SGD driver averaging every step (`--local-steps 1`):
+  flatten, all-reduce, unpack
+
+Every driver runs as in a run: the last iteration says it wants to stop, and the loop goes on
+until the driver stops it (a Prague worker that just closes, with no last request, left its
+partner waiting for a group once in five runs).
 
 GB/s is the payload's bytes moved one way over the row's time (adpsgd moves it twice in
 sequence, request then reply: counted twice). The hetsync rows are also broken down into
@@ -55,7 +66,10 @@ from hetsync.config import RunConfig
 from hetsync.protocols.adpsgd.driver import ADPSGD
 from hetsync.protocols.allreduce.driver import AllReduce
 from hetsync.protocols.base import Protocol
+from hetsync.protocols.dpsgd.driver import DPSGD
 from hetsync.protocols.hop.driver import Hop
+from hetsync.protocols.localsgd.driver import LocalSGD
+from hetsync.protocols.prague.driver import Prague
 from hetsync.step import Step
 from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import model_tensors
@@ -65,9 +79,10 @@ from hetsync.transport.peer_streams import PeerStreams
 from hetsync.workloads import get_workload
 
 ROWS = ("raw send", "raw exchange", "raw all-reduce", "link exchange", "allreduce", "hop",
-        "adpsgd")
+        "adpsgd", "dpsgd", "prague", "localsgd")
 PATTERN = {"link exchange": "raw exchange", "allreduce": "raw all-reduce",
-           "hop": "raw exchange", "adpsgd": "raw send"}
+           "hop": "raw exchange", "adpsgd": "raw send", "dpsgd": "raw exchange",
+           "prague": "raw all-reduce", "localsgd": "raw all-reduce"}
 """The raw row each hetsync row moves its bytes like: both ways at once, or one way at a time."""
 _TAG = 7
 Span = tuple[str, str, float, float]
@@ -208,29 +223,35 @@ def _link_exchange(rank: int, world: int, tensors: Sequence[torch.Tensor], repea
 
 
 def _driver(rank: int, world: int, model: nn.Module, repeats: int, link: TimedLink,
-            protocol: type[Protocol], runs: bool, gradients: bool = False
-            ) -> list[tuple[float, float]]:
+            protocol: type[Protocol], runs: bool, gradients: bool = False,
+            **options: Any) -> list[tuple[float, float]]:
     """(start, end) of each iteration after a warm-up of the real `protocol` driver, without
     compute or optimizer step (the model is what moves); `runs`: whether this rank iterates
     (AD-PSGD's passive ranks only serve); `gradients`: whether each iteration begins with
     fresh gradients, as after a backward pass (what All-Reduce moves)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     config = RunConfig(protocol=protocol.name, workers=world, topology="ring",
-                       hang_timeout=TIMEOUT.total_seconds())
+                       hang_timeout=TIMEOUT.total_seconds(), **options)
     driver = protocol(runtime(rank, config, dist.HashStore(), Links(direct=link, host=link)),
                       model, optimizer)
     spans = []
     dist.barrier()
-    for i in range(1, repeats + 2 if runs else 1):
+    i, stopped = 0, not runs
+    while not stopped:  # as a run's loop: on until the driver stops it
+        i += 1
+        if i > repeats + 50:
+            raise RuntimeError(f"{protocol.name} did not stop after {i - 1} iterations")
         if gradients:  # what a backward pass leaves, made before the iteration's clock starts
             for p in model.parameters():
                 p.grad = torch.zeros_like(p)
         step = Step(iteration=i)
         driver.begin_iteration(step)
+        step.wants_stop = i > repeats  # as a run's last step says (Prague's GG needs it)
         driver.before_optimizer_step(step)
         driver.after_optimizer_step(step)
-        if i > 1:
+        if 1 < i <= repeats + 1:
             spans.append((step.start, time.perf_counter()))
+        stopped = step.stop
     driver.close()
     dist.barrier()
     return spans
@@ -260,6 +281,11 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Path) -> None:
         ("hop", lambda link: _driver(rank, world, model, args.repeats, link, Hop, True)),
         ("adpsgd", lambda link: _driver(rank, world, model, args.repeats, link, ADPSGD,
                                         rank % 2 == 1)),
+        ("dpsgd", lambda link: _driver(rank, world, model, args.repeats, link, DPSGD, True)),
+        ("prague", lambda link: _driver(rank, world, model, args.repeats, link, Prague, True,
+                                        group_size=2)),
+        ("localsgd", lambda link: _driver(rank, world, model, args.repeats, link, LocalSGD,
+                                          True, local_steps=1)),
     ):
         link = TimedLink()
         result["iterations"][row] = measure(link)

@@ -104,8 +104,7 @@ class PReducer:
                 f"{self.world} that include this rank"
             )
         if len(group) > 1:
-            self._sum(flat, group)
-            flat.div_(len(group))
+            self._mean(flat, group)
 
     def average_surviving(self, flat: torch.Tensor, group: Group,
                           confirm: Callable[[int, BaseException], None]) -> Group:
@@ -121,6 +120,11 @@ class PReducer:
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         """What averaging a buffer of `nbytes` over `group` sends, for the network model."""
         return ring_allreduce(group, nbytes)
+
+    def _mean(self, flat: torch.Tensor, group: Group) -> None:
+        """`flat` <- the members' mean: their sum, divided, the same on every member."""
+        self._sum(flat, group)
+        flat.div_(len(group))
 
     def _sum(self, flat: torch.Tensor, group: Group) -> None:
         raise NotImplementedError
@@ -181,7 +185,9 @@ class _Mesh(PReducer):
 class _Ring(PReducer):
     """Bandwidth-optimal: 2(k-1)/k of the buffer out per member, but 2(k-1) rounds."""
 
-    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+    def _mean(self, flat: torch.Tensor, group: Group) -> None:
+        """Each member divides only the chunk it owns once reduced, then all-gathers: a pass
+        over 1/k of the buffer instead of all of it, the same values (a sum, divided)."""
         k, me, tag = len(group), group.index(self.rank), _tag(group)
         nxt, prv = group[(me + 1) % k], group[(me - 1) % k]
         chunks = flat.tensor_split(k)
@@ -190,6 +196,7 @@ class _Ring(PReducer):
             into = chunks[(me - s - 1) % k]
             self.link.exchange([(chunks[(me - s) % k], nxt)], [(buf[: into.numel()], prv)], tag)
             into.add_(buf[: into.numel()])
+        chunks[(me + 1) % k].div_(k)
         for s in range(k - 1):  # all-gather the reduced chunks
             self.link.exchange([(chunks[(me + 1 - s) % k], nxt)], [(chunks[(me - s) % k], prv)],
                                tag)
@@ -201,7 +208,8 @@ class _Leader(PReducer):
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         return leader_reduce(group, nbytes)
 
-    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+    def _mean(self, flat: torch.Tensor, group: Group) -> None:
+        """The leader sums and divides; the others receive the mean (no pass of their own)."""
         tag = _tag(group)
         if self.rank != group[0]:
             self.link.send(flat, group[0], tag=tag)
@@ -211,6 +219,7 @@ class _Leader(PReducer):
         self.link.exchange([], list(zip(parts, group[1:], strict=True)), tag)
         for part in parts:
             flat.add_(part)
+        flat.div_(len(group))
         self.link.exchange([(flat, peer) for peer in group[1:]], [], tag)
 
 
@@ -245,10 +254,10 @@ class _Auto(PReducer):
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         return self.choose(len(group), nbytes).messages(group, nbytes)
 
-    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+    def _mean(self, flat: torch.Tensor, group: Group) -> None:
         real = flat.numel() * flat.element_size()
         declared = self._network.scaled(real) if self._network is not None else real
-        self.choose(len(group), declared)._sum(flat, group)
+        self.choose(len(group), declared)._mean(flat, group)
 
 
 class _Subgroup(PReducer):
