@@ -28,13 +28,15 @@ Each row: --repeats timed rounds after one warm-up, the median of the slowest ra
   copy on the communication thread
 * localsgd: iterations of the real Local SGD driver averaging every step (`--local-steps 1`):
   flatten, all-reduce, unpack
+* ps: iterations of the real parameter server driver (`--ps-mode sync`; the server is a thread
+  on rank 0): push the gradient, the server's optimizer step on the mean, pull the model
 
 Every driver runs as in a run: the last iteration says it wants to stop, and the loop goes on
 until the driver stops it (a Prague worker that just closes, with no last request, left its
 partner waiting for a group once in five runs).
 
-GB/s is the payload's bytes moved one way over the row's time (adpsgd moves it twice in
-sequence, request then reply: counted twice). The hetsync rows are also broken down into
+GB/s is the payload's bytes moved one way over the row's time (adpsgd and ps move it twice
+in sequence, request then reply: counted twice). The hetsync rows are also broken down into
 their link calls (median ms per iteration, on the rank's threads), so the slow stage shows.
 
     .venv/bin/python experiments/transport_bandwidth.py [--workers 2] [--mb 45] \\
@@ -70,6 +72,7 @@ from hetsync.protocols.dpsgd.driver import DPSGD
 from hetsync.protocols.hop.driver import Hop
 from hetsync.protocols.localsgd.driver import LocalSGD
 from hetsync.protocols.prague.driver import Prague
+from hetsync.protocols.ps.driver import ParameterServer
 from hetsync.step import Step
 from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import model_tensors
@@ -79,11 +82,13 @@ from hetsync.transport.peer_streams import PeerStreams
 from hetsync.workloads import get_workload
 
 ROWS = ("raw send", "raw exchange", "raw all-reduce", "link exchange", "allreduce", "hop",
-        "adpsgd", "dpsgd", "prague", "localsgd")
+        "adpsgd", "dpsgd", "prague", "localsgd", "ps")
 PATTERN = {"link exchange": "raw exchange", "allreduce": "raw all-reduce",
            "hop": "raw exchange", "adpsgd": "raw send", "dpsgd": "raw exchange",
-           "prague": "raw all-reduce", "localsgd": "raw all-reduce"}
+           "prague": "raw all-reduce", "localsgd": "raw all-reduce", "ps": "raw send"}
 """The raw row each hetsync row moves its bytes like: both ways at once, or one way at a time."""
+TWICE = ("adpsgd", "ps")
+"""Rows that move the payload twice, one way then back: a request and its reply."""
 _TAG = 7
 Span = tuple[str, str, float, float]
 """(thread, link call, start, end), perf_counter seconds."""
@@ -286,6 +291,8 @@ def _worker(rank: int, port: int, args: argparse.Namespace, out: Path) -> None:
                                         group_size=2)),
         ("localsgd", lambda link: _driver(rank, world, model, args.repeats, link, LocalSGD,
                                           True, local_steps=1)),
+        ("ps", lambda link: _driver(rank, world, model, args.repeats, link, ParameterServer,
+                                    True, gradients=True)),
     ):
         link = TimedLink()
         result["iterations"][row] = measure(link)
@@ -336,7 +343,7 @@ def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                         if rank["iterations"][row]))  # AD-PSGD: the active ranks'
                    for i in range(args.repeats)]
         seconds = statistics.median(slowest)
-        moved = 2 * nbytes if row == "adpsgd" else nbytes
+        moved = 2 * nbytes if row in TWICE else nbytes
         rows[row] = {"ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9}
     for name, row in rows.items():
         row["ratio_to_send"] = row["gb_per_s"] / rows["raw send"]["gb_per_s"]

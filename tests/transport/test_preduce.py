@@ -39,9 +39,13 @@ VARIANTS: dict[str, dict[str, object]] = {
     **{kind: {"kind": kind} for kind in KINDS},
     "subgroup-cache2": {"kind": "subgroup", "cache_size": 2},
     "mesh-surviving": {"kind": "mesh"},
+    **{f"{kind}-from-source": {"kind": kind} for kind in ("mesh", "ring", "leader", "subgroup")},
+    "mesh-surviving-from-source": {"kind": "mesh"},
 }
 #: Variants that average through `average_surviving` (no member is lost: none may be refused).
-SURVIVING = frozenset({"mesh-surviving"})
+SURVIVING = frozenset({"mesh-surviving", "mesh-surviving-from-source"})
+#: Variants that average out of place: a new buffer each round, the last one only read.
+FROM_SOURCE = frozenset(name for name in VARIANTS if name.endswith("-from-source"))
 
 
 def _no_loss(peer: int, error: BaseException) -> None:
@@ -66,10 +70,17 @@ def _worker(rank: int, port: int, out: Path) -> None:
         states[name] = []
         for groups in SCHEDULE:
             for group in groups:
-                if rank in group and name in SURVIVING:
-                    assert preducer.average_surviving(flat, group, _no_loss) == group
-                elif rank in group:
-                    preducer.average(flat, group)
+                if rank not in group:
+                    continue
+                source, before = flat, flat.clone()
+                if name in FROM_SOURCE:
+                    flat = torch.full_like(source, float("nan"))
+                if name in SURVIVING:
+                    assert preducer.average_surviving(flat, group, _no_loss, source) == group
+                else:
+                    preducer.average(flat, group, source)
+                if name in FROM_SOURCE:
+                    assert torch.equal(source, before), f"{name} wrote its source"
             states[name].append(flat.clone())
         preducer.close()
         dist.barrier()
@@ -110,6 +121,18 @@ def test_members_end_bit_identical(states, variant):
         for group in groups:
             first = states[group[0]][variant][i]
             assert all(torch.equal(states[r][variant][i], first) for r in group), (i, group)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", sorted(FROM_SOURCE))
+def test_out_of_place_averages_are_the_in_place_ones_bit_for_bit(states, variant):
+    """Each round of a `-from-source` variant averaged the last one's buffer into a new one
+    (its NaNs all overwritten) and left it as it was (checked on each rank as it ran)."""
+    in_place = variant.removesuffix("-from-source")
+    for rank in range(WORLD):
+        for i, (theirs, ours) in enumerate(zip(states[rank][in_place], states[rank][variant],
+                                               strict=True)):
+            assert torch.equal(theirs, ours), (rank, i)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -93,21 +93,31 @@ class PReducer:
             self._scratch = scratch = flat.new_empty(need)
         return scratch[:need].view(rows, flat.numel())
 
-    def average(self, flat: torch.Tensor, group: Group) -> None:
-        """Replace `flat` (1-D, contiguous, same size on all members) by the members' mean.
+    def average(self, flat: torch.Tensor, group: Group,
+                source: torch.Tensor | None = None) -> None:
+        """Replace `flat` (1-D, contiguous, same size on all members) by the members' mean
+        of `source` (a buffer like `flat`, only read; default: `flat` itself). Out of place,
+        the buffer averaged needs no copy of its own first (Prague's overlapped copy).
 
         Every member calls it with the same sorted `group`, which contains this rank; the
         groups of one worker must run in an order all their members agree on."""
+        self._check(group)
+        source = flat if source is None else source
+        if len(group) > 1:
+            self._mean(flat, group, source)
+        elif source is not flat:
+            flat.copy_(source)
+
+    def _check(self, group: Group) -> None:
         if self.rank not in group or list(group) != sorted(set(group)) or group[-1] >= self.world:
             raise ValueError(
                 f"rank {self.rank}: group {group} must be sorted distinct ranks below "
                 f"{self.world} that include this rank"
             )
-        if len(group) > 1:
-            self._mean(flat, group)
 
     def average_surviving(self, flat: torch.Tensor, group: Group,
-                          confirm: Callable[[int, BaseException], None]) -> Group:
+                          confirm: Callable[[int, BaseException], None],
+                          source: torch.Tensor | None = None) -> Group:
         """`average`, where members may have been lost: a member whose transfer fails is
         passed to `confirm` (which raises unless it was lost) and left out. Returns the
         members averaged. Only ``mesh`` can: in the other kinds a member waits for a third
@@ -121,12 +131,13 @@ class PReducer:
         """What averaging a buffer of `nbytes` over `group` sends, for the network model."""
         return ring_allreduce(group, nbytes)
 
-    def _mean(self, flat: torch.Tensor, group: Group) -> None:
-        """`flat` <- the members' mean: their sum, divided, the same on every member."""
-        self._sum(flat, group)
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
+        """`flat` <- the members' mean of `source` (which may be `flat`): their sum,
+        divided, the same on every member."""
+        self._sum(flat, group, source)
         flat.div_(len(group))
 
-    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+    def _sum(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         raise NotImplementedError
 
 
@@ -140,31 +151,38 @@ class _Mesh(PReducer):
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         return mesh_reduce(group, nbytes)
 
-    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+    def _sum(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         parts, tag = self._parts(len(group), flat), _tag(group)
         peers = [(peer, part) for peer, part in zip(group, parts, strict=True)
                  if peer != self.rank]
-        self.link.exchange([(flat, peer) for peer, _ in peers],
+        self.link.exchange([(source, peer) for peer, _ in peers],
                            [(part, peer) for peer, part in peers], tag)
-        parts[group.index(self.rank)].copy_(flat)
-        flat.copy_(parts[0])
-        for part in parts[1:]:
-            flat.add_(part)
+        me = group.index(self.rank)
+        if source is flat:  # it is overwritten by the sum it is a term of
+            parts[me].copy_(flat)
+        terms = [source if i == me and source is not flat else part
+                 for i, part in enumerate(parts)]
+        torch.add(terms[0], terms[1], out=flat)
+        for term in terms[2:]:
+            flat.add_(term)
 
 
     def average_surviving(self, flat: torch.Tensor, group: Group,
-                          confirm: Callable[[int, BaseException], None]) -> Group:
+                          confirm: Callable[[int, BaseException], None],
+                          source: torch.Tensor | None = None) -> Group:
         """Averages over the members whose buffer arrived (see the base class): a member
         lost after sending counts, so two survivors may disagree on it."""
+        self._check(group)
+        source = flat if source is None else source
         parts, tag = self._parts(len(group), flat), _tag(group)
-        heard = {self.rank: flat}
+        heard = {self.rank: source}
         posted: list[tuple[int, torch.Tensor, list[dist.Work]]] = []
         for peer, part in zip(group, parts, strict=True):
             if peer == self.rank:
                 continue
             try:
                 posted.append((peer, part, [self.link.irecv(part, peer, tag=tag),
-                                            self.link.isend(flat, peer, tag=tag)]))
+                                            self.link.isend(source, peer, tag=tag)]))
             except RuntimeError as error:
                 confirm(peer, error)
         for peer, part, works in posted:
@@ -185,17 +203,22 @@ class _Mesh(PReducer):
 class _Ring(PReducer):
     """Bandwidth-optimal: 2(k-1)/k of the buffer out per member, but 2(k-1) rounds."""
 
-    def _mean(self, flat: torch.Tensor, group: Group) -> None:
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         """Each member divides only the chunk it owns once reduced, then all-gathers: a pass
-        over 1/k of the buffer instead of all of it, the same values (a sum, divided)."""
+        over 1/k of the buffer instead of all of it, the same values (a sum, divided). Every
+        chunk of `flat` but this member's own is first written by the reduce-scatter's sum
+        (of `source`'s chunk and the one received), its own by the all-gather: `source` is
+        read, never copied."""
         k, me, tag = len(group), group.index(self.rank), _tag(group)
         nxt, prv = group[(me + 1) % k], group[(me - 1) % k]
-        chunks = flat.tensor_split(k)
+        chunks, sources = flat.tensor_split(k), source.tensor_split(k)
         buf = self._parts(1, chunks[0])[0]
         for s in range(k - 1):  # reduce-scatter: member me ends owning chunk me+1
-            into = chunks[(me - s - 1) % k]
-            self.link.exchange([(chunks[(me - s) % k], nxt)], [(buf[: into.numel()], prv)], tag)
-            into.add_(buf[: into.numel()])
+            i = (me - s - 1) % k
+            sent = sources[me] if s == 0 else chunks[(me - s) % k]  # the sum of step s - 1
+            received = buf[: chunks[i].numel()]
+            self.link.exchange([(sent, nxt)], [(received, prv)], tag)
+            torch.add(sources[i], received, out=chunks[i])
         chunks[(me + 1) % k].div_(k)
         for s in range(k - 1):  # all-gather the reduced chunks
             self.link.exchange([(chunks[(me + 1 - s) % k], nxt)], [(chunks[(me - s) % k], prv)],
@@ -208,16 +231,17 @@ class _Leader(PReducer):
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         return leader_reduce(group, nbytes)
 
-    def _mean(self, flat: torch.Tensor, group: Group) -> None:
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         """The leader sums and divides; the others receive the mean (no pass of their own)."""
         tag = _tag(group)
         if self.rank != group[0]:
-            self.link.send(flat, group[0], tag=tag)
+            self.link.send(source, group[0], tag=tag)
             self.link.recv(flat, group[0], tag=tag)
             return
         parts = self._parts(len(group) - 1, flat)
         self.link.exchange([], list(zip(parts, group[1:], strict=True)), tag)
-        for part in parts:
+        torch.add(source, parts[0], out=flat)
+        for part in parts[1:]:
             flat.add_(part)
         flat.div_(len(group))
         self.link.exchange([(flat, peer) for peer in group[1:]], [], tag)
@@ -254,10 +278,10 @@ class _Auto(PReducer):
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         return self.choose(len(group), nbytes).messages(group, nbytes)
 
-    def _mean(self, flat: torch.Tensor, group: Group) -> None:
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         real = flat.numel() * flat.element_size()
         declared = self._network.scaled(real) if self._network is not None else real
-        self.choose(len(group), declared)._mean(flat, group)
+        self.choose(len(group), declared)._mean(flat, group, source)
 
 
 class _Subgroup(PReducer):
@@ -274,7 +298,9 @@ class _Subgroup(PReducer):
         self._cache_size = cache_size
         self._cache: dict[Group, Link] = {}
 
-    def _sum(self, flat: torch.Tensor, group: Group) -> None:
+    def _sum(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
+        if source is not flat:
+            flat.copy_(source)  # gloo's all-reduce is in place
         sub = self._cache.get(group)
         if sub is None:
             sub = self._create(group)

@@ -61,13 +61,16 @@ class GroupAverager:
                    if m.src == self.rank)
         return round(sent * real / declared) if declared else 0
 
-    def average(self, flat: torch.Tensor, members: tuple[int, ...]) -> tuple[int, ...]:
-        """P-Reduce `flat` over `members`; the members it averaged over (lost ones left out)."""
+    def average(self, flat: torch.Tensor, members: tuple[int, ...],
+                source: torch.Tensor | None = None) -> tuple[int, ...]:
+        """P-Reduce `flat` over `members` (out of place: the members' `source`, only read,
+        averaged into `flat`); the members it averaged over (lost ones left out)."""
         self.runtime.before_send()
         if self.runtime.lost is None:
-            self.preducer.average(flat, members)
+            self.preducer.average(flat, members, source)
             return members
-        return self.preducer.average_surviving(flat, members, self.runtime.lost.confirm)
+        return self.preducer.average_surviving(flat, members, self.runtime.lost.confirm,
+                                               source)
 
     def close(self) -> None:
         self.preducer.close()

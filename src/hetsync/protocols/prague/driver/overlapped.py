@@ -37,40 +37,62 @@ __all__ = ["CommunicationCopy", "OverlappedGroups"]
 
 
 class CommunicationCopy:
-    """The copy of the model the P-Reduces average (`comm`, c), the model as it was when
-    handed over (s), and `merge`, which folds the averages into the model: x <- c + (x - s),
-    then c = s = x. Three model-sized buffers, reused merge after merge (a new one is fresh
-    pages to fault in, see `Link.flat`)."""
+    """The model as it was handed over to the P-Reduces (s), their average (c), and `merge`,
+    which folds it into the model: x <- c + (x - s), then s = x, handed over again.
+
+    The first P-Reduce after a handover averages s into c (out of place: s needs no copy
+    of its own for it), the next ones c in place; where none ran, c stands for s (a merge
+    then adds back what it took away: x <- s + (x - s)). So a merge writes x and s, not c as
+    well: one model-sized pass fewer than c = s = x (a 45 MB model's copy is 5-10 ms). The
+    buffers are reused merge after merge (a new one is fresh pages to fault in, see
+    `Link.flat`)."""
 
     def __init__(self) -> None:
-        self.comm: torch.Tensor | None = None
         self._handed: torch.Tensor | None = None
-        self._spare: torch.Tensor | None = None  # the last merge's c, this merge's buffer
+        self._comm: torch.Tensor | None = None
+        self._averaged = False  # c holds an average of s, made since the handover
+        self._spare: torch.Tensor | None = None  # where the merge through a copy makes x
+
+    def preduce_buffers(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what the next P-Reduce averages, where it puts the average); c holds it from now
+        on. Only between merges, which hand the model over first."""
+        assert self._handed is not None, "no model was handed over yet"
+        if self._averaged:
+            assert self._comm is not None
+            return self._comm, self._comm
+        if self._comm is None or self._comm.shape != self._handed.shape:
+            self._comm = torch.empty_like(self._handed)
+        self._averaged = True
+        return self._handed, self._comm
 
     def merge(self, link: Link, tensors: list[torch.Tensor]) -> None:
-        """Merge (no P-Reduce may run). A model laid out in one buffer on the wire
-        (hetsync.transport.contiguous) is merged in place: four passes over it, not five (a
-        45 MB model's copy is 5-10 ms), the same arithmetic, bit for bit."""
+        """Merge (no P-Reduce may run) and hand the model over. A model laid out in one buffer
+        on the wire (hetsync.transport.contiguous) is merged in place: three passes over it;
+        in pieces, or off the wire device, through a copy: four. The same arithmetic, bit
+        for bit."""
         whole = span(tensors)
         if whole is None or whole.device != link.device:
             self._merge_through_copy(link, tensors)
             return
-        if self.comm is not None and self._handed is not None:
+        if self._handed is not None:
             with torch.no_grad():
-                whole.sub_(self._handed).add_(self.comm)  # exact with lr 0
-        self._spare, self.comm = self.comm, link.flat([whole], out=self._spare)
+                whole.sub_(self._handed).add_(self._average())  # exact with lr 0
         self._handed = link.flat([whole], out=self._handed)
+        self._averaged = False
 
     def _merge_through_copy(self, link: Link, tensors: list[torch.Tensor]) -> None:
-        """For a model in pieces, or off the wire device: the new x is made in the spare
-        buffer, which becomes c."""
-        flat = self._spare = link.flat(tensors, out=self._spare)
-        if self.comm is not None and self._handed is not None:
-            flat.sub_(self._handed).add_(self.comm)  # exact with lr 0
+        """The new x is made in the spare buffer, which becomes s."""
+        flat = link.flat(tensors, out=self._spare)
+        if self._handed is not None:
+            flat.sub_(self._handed).add_(self._average())  # exact with lr 0
             with torch.no_grad():
                 link.unpack_into(flat, tensors)
-        self._spare, self.comm = self.comm, flat
-        self._handed = link.flat([flat], out=self._handed)
+        self._spare, self._handed = self._handed, flat
+        self._averaged = False
+
+    def _average(self) -> torch.Tensor:
+        assert self._handed is not None
+        return self._comm if self._averaged and self._comm is not None else self._handed
 
 
 class OverlappedGroups(RandomGroups):
@@ -154,12 +176,12 @@ class OverlappedGroups(RandomGroups):
             self._resume.put(error)
 
     def _background_preduce(self, group: Group) -> None:
-        comm = self._copies.comm
-        assert comm is not None
         began = time.perf_counter()
         members = group.members
+        comm = None
         if len(members) > 1:
-            members = self.averager.average(comm, members)
+            source, comm = self._copies.preduce_buffers()
+            members = self.averager.average(comm, members, source)
             if self.network is not None:
                 nbytes = self.network.scaled(comm.numel() * comm.element_size())
                 self.network.after_blocking(None, self.averager.preducer.messages(members, nbytes),
@@ -167,7 +189,8 @@ class OverlappedGroups(RandomGroups):
         with self._lock:
             self._ran.append([group.id, *group.members])
             self._comm_preduce_s += time.perf_counter() - began
-            self._sent_bytes += self.averager.bytes_out(comm, members)
+            if comm is not None:
+                self._sent_bytes += self.averager.bytes_out(comm, members)
             resume = self._execute(self.core.handle(PReduceFinished(group_id=group.id)))
         if resume is not None:
             self._resume.put(resume)
