@@ -16,7 +16,6 @@ SCRIPT = Path(__file__).parents[2] / "experiments" / "transport_bandwidth.py"
 
 
 @pytest.mark.integration
-@pytest.mark.slow
 def test_every_path_is_timed_beside_raw_gloo(tmp_path):
     env = {**os.environ, "LOCAL_GLOO_TIMEOUT": "60"}
     subprocess.run([sys.executable, str(SCRIPT), "--mb", "0.5", "--repeats", "2",
