@@ -17,6 +17,8 @@
 #    gpu: the `gpu` suite, trimmed to one variant per family that matters here, short runs;
 #    real: the `real` suite (8 pinned workers, real compute), trimmed likewise, one workload,
 #        with its references: one worker alone, and the 8 alone at once (the machine's limit);
+#    transport: experiments/transport_bandwidth.py with 8 processes (TRANSPORT_WORKERS), the
+#        45 MB model: every protocol's path beside raw gloo's send, exchange and all-reduce;
 #    tests: the whole test suite, 12 at a time (pytest-xdist is there).
 # Each step has its own time limit, so a slow one cannot eat the next; what each wrote is
 # packed into OUT/results.tgz (snapshots and checkpoints left out).
@@ -103,6 +105,14 @@ grep '^cpu' /proc/stat
 tail -40 runs/lease/bench-real/results.md 2>/dev/null
 $PY experiments/per_rank.py runs/lease/bench-real > "$OUT/per-rank.txt" 2>&1  # wait causes
 grep -A9 "share.*hop" "$OUT/per-rank.txt" | head -30
+}
+
+step_transport() {  # not by default: every protocol's path against raw gloo, 8 processes
+say "transport: every protocol's path beside raw gloo, ${TRANSPORT_WORKERS:-8} processes, 45 MB"
+timeout -k 10 "${TRANSPORT_LIMIT:-150}" $PY experiments/transport_bandwidth.py \
+    --workers "${TRANSPORT_WORKERS:-8}" --repeats 9 --out "$OUT/transport" \
+    > "$OUT/transport.txt" 2>&1
+echo "transport: rc=$?"; sed -n '/^| path/,/^$/p' "$OUT/transport.txt"
 }
 
 step_tests() {  # not by default: the whole `make test`, 12 at a time
