@@ -17,6 +17,8 @@ from hetsync.transport.links import Links
 from hetsync.transport.runtime import Runtime
 
 TIMEOUT = datetime.timedelta(seconds=int(os.environ.get("LOCAL_GLOO_TIMEOUT", 120)))
+"""How long a wait may last (`LOCAL_GLOO_TIMEOUT` seconds, 120 by default): a test sets less,
+so that a hang fails it sooner."""
 
 
 def free_port() -> int:
