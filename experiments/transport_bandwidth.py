@@ -35,9 +35,15 @@ Every driver runs as in a run: the last iteration says it wants to stop, and the
 until the driver stops it (a Prague worker that just closes, with no last request, left its
 partner waiting for a group once in five runs).
 
-GB/s is the payload's bytes moved one way over the row's time (adpsgd and ps move it twice
-in sequence, request then reply: counted twice). The hetsync rows are also broken down into
-their link calls (median ms per iteration, on the rank's threads), so the slow stage shows.
+GB/s is the payload's bytes over the row's time, times the payloads the row's busiest rank
+moves in an iteration (`copies`): on a ring of more than 2, Hop and D-PSGD send to 2
+neighbours; AD-PSGD's request and reply count twice, and a passive rank serves 2 active ones
+beyond 2 workers; the parameter server takes a push from each worker and replies to each.
+Each row is set against the raw row that moves bytes the same way (`pattern`): Prague's
+groups of 2 against gloo's all-reduce at 2 workers (the same pair), against the exchange
+beyond (a buffer each way, where an all-reduce of n moves 2(n-1)/n). The hetsync rows are
+also broken down into their link calls (median ms per iteration, on the rank's threads), so
+the slow stage shows.
 
     .venv/bin/python experiments/transport_bandwidth.py [--workers 2] [--mb 45] \\
         [--repeats 10] [--out runs/transport-bandwidth]
@@ -86,9 +92,22 @@ ROWS = ("raw send", "raw exchange", "raw all-reduce", "link exchange", "allreduc
 PATTERN = {"link exchange": "raw exchange", "allreduce": "raw all-reduce",
            "hop": "raw exchange", "adpsgd": "raw send", "dpsgd": "raw exchange",
            "prague": "raw all-reduce", "localsgd": "raw all-reduce", "ps": "raw send"}
-"""The raw row each hetsync row moves its bytes like: both ways at once, or one way at a time."""
-TWICE = ("adpsgd", "ps")
-"""Rows that move the payload twice, one way then back: a request and its reply."""
+"""The raw row each hetsync row moves its bytes like: both ways at once, or one way at a time
+(`pattern`: Prague's beyond 2 workers)."""
+
+
+def pattern(row: str, workers: int) -> str | None:
+    """The raw row `row` is set against (None: a raw row)."""
+    if row == "prague" and workers > 2:
+        return "raw exchange"  # its pairs: a buffer each way, not an all-reduce of n
+    return PATTERN.get(row)
+
+
+def copies(row: str, workers: int) -> int:
+    """Payloads the busiest rank moves in one iteration of `row` (see the module doc)."""
+    neighbours = 1 if workers == 2 else 2  # the ring's
+    return {"hop": neighbours, "dpsgd": neighbours, "adpsgd": 2 * neighbours,
+            "ps": 2 * (workers - 1)}.get(row, 1)
 _TAG = 7
 Span = tuple[str, str, float, float]
 """(thread, link call, start, end), perf_counter seconds."""
@@ -343,20 +362,21 @@ def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
                         if rank["iterations"][row]))  # AD-PSGD: the active ranks'
                    for i in range(args.repeats)]
         seconds = statistics.median(slowest)
-        moved = 2 * nbytes if row in TWICE else nbytes
+        moved = copies(row, args.workers) * nbytes
         rows[row] = {"ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9}
     for name, row in rows.items():
         row["ratio_to_send"] = row["gb_per_s"] / rows["raw send"]["gb_per_s"]
-        if name in PATTERN:
-            row["ratio_to_pattern"] = row["gb_per_s"] / rows[PATTERN[name]]["gb_per_s"]
+        if (like := pattern(name, args.workers)) is not None:
+            row["pattern"] = like
+            row["ratio_to_pattern"] = row["gb_per_s"] / rows[like]["gb_per_s"]
     print(f"{args.workers} workers, payload {nbytes / 1e6:.1f} MB, median of {args.repeats}")
     print("| path | ms | GB/s | / raw send | / raw, same pattern |")
     print("| --- | --- | --- | --- | --- |")
     for name, row in rows.items():
-        pattern = (f"{row['ratio_to_pattern']:.2f}x of {PATTERN[name]}" if name in PATTERN
-                   else "-")
+        same = (f"{row['ratio_to_pattern']:.2f}x of {row['pattern']}" if "pattern" in row
+                else "-")
         print(f"| {name} | {row['ms']:.1f} | {row['gb_per_s']:.2f} | "
-              f"{row['ratio_to_send']:.2f}x | {pattern} |")
+              f"{row['ratio_to_send']:.2f}x | {same} |")
     stages = {}
     for row in PATTERN:
         stages[row] = {}

@@ -3,6 +3,7 @@ every driver ends as in a run (a Prague worker left waiting for a group would ti
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import os
@@ -30,3 +31,17 @@ def test_every_path_is_timed_beside_raw_gloo(tmp_path):
         assert ("ratio_to_pattern" in row) == (not name.startswith("raw")), name
     assert any("flat" in stage for stage in report["stages"]["prague"])  # its merges
     assert (tmp_path / "bandwidth.png").is_file()
+
+
+def test_beyond_two_workers_each_path_counts_what_it_moves(experiments_on_path):
+    """On a ring of 8, Hop and D-PSGD send to 2 neighbours and a passive AD-PSGD rank serves
+    2 active ones; Prague's pairs move a buffer each way, as an exchange does, not as an
+    all-reduce of 8; at 2 workers every path moves one payload each way."""
+    script = importlib.import_module("transport_bandwidth")
+    assert [script.copies(row, 8) for row in ("hop", "dpsgd", "adpsgd", "ps", "prague")] == \
+        [2, 2, 4, 14, 1]
+    assert [script.copies(row, 2) for row in ("hop", "dpsgd", "adpsgd", "ps", "prague")] == \
+        [1, 1, 2, 2, 1]
+    assert script.pattern("prague", 2) == "raw all-reduce"
+    assert script.pattern("prague", 8) == "raw exchange"
+    assert script.pattern("raw send", 8) is None
