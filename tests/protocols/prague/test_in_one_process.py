@@ -65,3 +65,23 @@ def test_bytes_sent_are_what_the_preduce_kind_sends(kind, rank, buffers):
     flat = torch.zeros(12)  # 48 bytes
     assert GroupAverager.bytes_out(averager, flat, (0, 1, 2)) == round(48 * buffers)
     assert GroupAverager.bytes_out(averager, flat, (rank,)) == 0
+
+
+def test_a_wait_for_an_unanswered_request_says_whom_it_waits_for(monkeypatch):
+    """The Group Generator never answers (its messages are dropped): the step after the
+    request times out, naming the Group Generator on rank 0, not after the run's timeout."""
+    model = nn.Linear(4, 2)
+    opt = SyncOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    mode = opt.protocol.mode
+    assert isinstance(mode, OverlappedGroups) and mode.gg is not None
+    put = mode.gg.put
+    with monkeypatch.context() as patch:
+        patch.setattr(mode, "timeout", 0.5)
+        patch.setattr(mode.gg, "put", lambda rank, message: None)
+        with pytest.raises(TimeoutError, match=r"waited 0.5 s after step 2 for its previous "
+                                               r"group: the Group Generator's \(rank 0\) "
+                                               r"answer awaited$"):
+            for _ in range(3):
+                _step(model, opt)
+    assert mode.gg.put == put
+    opt.close()

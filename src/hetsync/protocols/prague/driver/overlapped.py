@@ -135,10 +135,16 @@ class OverlappedGroups(RandomGroups):
         step.stop = isinstance(resume, StopTraining)
 
     def _waiting_for(self) -> str:
+        """Whom the wait is for: the Group Generator's answer, or the members of the groups
+        still to run."""
         with self._lock:
             core = self.core
-            return (f"answer {'awaited' if core.awaiting_answer else 'received'}, running "
-                    f"{core.running}, queued {list(core.queued)}")
+            answer = ("the Group Generator's (rank 0) answer awaited" if core.awaiting_answer
+                      else "the Group Generator's answer received")
+            groups = [("running", core.running)] if core.running else []
+            groups += [("queued", group) for group in core.queued]
+            return "; ".join([answer] + [f"group {group.id} {state} with ranks "
+                                         f"{list(group.members)}" for state, group in groups])
 
     def _execute(self, decisions: list[Decision]) -> StartStep | StopTraining | None:
         """Under the lock: merge and message the GG now, hand P-Reduces to the communication
