@@ -157,15 +157,14 @@ class _Mesh(PReducer):
                  if peer != self.rank]
         self.link.exchange([(source, peer) for peer, _ in peers],
                            [(part, peer) for peer, part in peers], tag)
-        me = group.index(self.rank)
+        me, terms = group.index(self.rank), list(parts)
         if source is flat:  # it is overwritten by the sum it is a term of
             parts[me].copy_(flat)
-        terms = [source if i == me and source is not flat else part
-                 for i, part in enumerate(parts)]
+        else:
+            terms[me] = source
         torch.add(terms[0], terms[1], out=flat)
         for term in terms[2:]:
             flat.add_(term)
-
 
     def average_surviving(self, flat: torch.Tensor, group: Group,
                           confirm: Callable[[int, BaseException], None],

@@ -60,10 +60,12 @@ class CommunicationCopy:
         if self._averaged:
             assert self._comm is not None
             return self._comm, self._comm
-        if self._comm is None or self._comm.shape != self._handed.shape:
-            self._comm = torch.empty_like(self._handed)
+        handed, comm = self._handed, self._comm
+        if (comm is None or comm.shape != handed.shape or comm.dtype != handed.dtype
+                or comm.device != handed.device):  # the first, or the model changed
+            comm = self._comm = torch.empty_like(handed)
         self._averaged = True
-        return self._handed, self._comm
+        return handed, comm
 
     def merge(self, link: Link, tensors: list[torch.Tensor]) -> None:
         """Merge (no P-Reduce may run) and hand the model over. A model laid out in one buffer
