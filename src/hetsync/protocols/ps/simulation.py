@@ -5,7 +5,8 @@ Each worker computes, pushes its gradient to rank 0 (a payload-sized message on 
 model, so pushes queue at rank 0's ingress: the incast) and blocks until the reply. The server
 thread takes pushes in arrival order, each for its service time; its core decides what is
 accumulated, applied and answered, and every answer is a payload-sized message from rank 0
-(queueing at its egress). Rank 0's own pushes and replies do not cross the network.
+(queueing at its egress). Rank 0's own pushes and replies do not cross the network; its reply
+comes once the remote ones of the same answer have arrived, as in the driver.
 
 A worker declared lost becomes `WorkerLost`, as the driver's `_on_lost` makes it: rounds
 stop waiting for it, and a push of its served afterwards no longer counts.
@@ -77,10 +78,14 @@ class ServerThread:
         sim, math = self.sim, self.sim.math
         reply = ReplyReceived(version=decision.version, staleness=decision.staleness,
                               stop=decision.stop)
-        for rank in decision.ranks:
+        last = sim.clock.now
+        # Remote ranks first; rank 0 takes its reply once they have theirs, as the driver's
+        # server hands it over after sending them (`_Server._send`).
+        for rank in sorted(decision.ranks, key=lambda rank: rank == 0):
             if math is not None:
                 math.load_server(rank)  # the worker waits: nothing changes it meanwhile
-            arrival = sim.payload_arrival(0, rank)
+            arrival = last if rank == 0 else sim.payload_arrival(0, rank)
+            last = max(last, arrival)
             sim.deliver(0, rank, arrival, self.workers[rank].reply, reply)
 
 
