@@ -5,7 +5,13 @@ N gloo processes (default 2) on 127.0.0.1, one torch thread each (as hetsync's l
 workers sharing a machine), move one model-sized payload: full-width ResNet-18's tensors
 (`--workload resnet-wide`, 44.7 MB in fp32), or with `--mb P` a model of P MB in 64 tensors,
 laid out in one buffer as `SyncOptimizer` lays a run's model out.
-Each row: --repeats timed rounds after one warm-up, the median of the slowest rank's time.
+Each row: --repeats timed iterations after `WARM_UP` untimed ones. A row's time is the slowest
+rank's mean iteration: bytes over the time they took, a sustained rate. Ranks of the drivers
+that do not move in lockstep (Hop, AD-PSGD, Prague, the parameter server) drift apart by an
+iteration, so iteration i of one rank is not set against iteration i of another (that pairing,
+the median of each index's slowest, counted a rank's long iteration and not the short one that
+followed it: Hop's rate read 10 points low). A median per rank hid real time the other way:
+Prague's few long iterations.
 
 * raw send: `dist.send` of one preallocated buffer, ranks 0->1, 2->3, ..., answered by 4 bytes
 * raw exchange: simultaneous exchange on the ring (isend to the right, recv from the left)
@@ -33,7 +39,8 @@ Each row: --repeats timed rounds after one warm-up, the median of the slowest ra
 
 Every driver runs as in a run: the last iteration says it wants to stop, and the loop goes on
 until the driver stops it (a Prague worker that just closes, with no last request, left its
-partner waiting for a group once in five runs).
+partner waiting for a group once in five runs). The stopping iterations are not timed: they
+agree on a stop, which a run does once.
 
 GB/s is the payload's bytes over the row's time, times the payloads the row's busiest rank
 moves in an iteration (`copies`): on a ring of more than 2, Hop and D-PSGD send to 2
@@ -46,7 +53,7 @@ also broken down into their link calls (median ms per iteration, on the rank's t
 the slow stage shows.
 
     .venv/bin/python experiments/transport_bandwidth.py [--workers 2] [--mb 45] \\
-        [--repeats 10] [--out runs/transport-bandwidth]
+        [--repeats 20] [--out runs/transport-bandwidth]
 
 Takes about a minute for 2 workers at 45 MB on an idle 2-core machine. Prints the tables;
 writes results.json and bandwidth.png under --out.
@@ -109,6 +116,9 @@ def copies(row: str, workers: int) -> int:
     return {"hop": neighbours, "dpsgd": neighbours, "adpsgd": 2 * neighbours,
             "ps": 2 * (workers - 1)}.get(row, 1)
 _TAG = 7
+WARM_UP = 2
+"""Untimed iterations first: the first moves faults in pages and starts every thread, the
+second meets a neighbour's first, which came later."""
 Span = tuple[str, str, float, float]
 """(thread, link call, start, end), perf_counter seconds."""
 
@@ -180,13 +190,13 @@ class _TimedWork:
 
 # --- the rows, on each rank ------------------------------------------------------------------
 def _rounds(repeats: int, round_: Callable[[], None]) -> list[tuple[float, float]]:
-    """(start, end) of this rank's rounds after a warm-up, every round begun by a barrier."""
+    """(start, end) of this rank's rounds after the warm-up, every round begun by a barrier."""
     windows = []
-    for i in range(repeats + 1):
+    for i in range(WARM_UP + repeats):
         dist.barrier()
         began = time.perf_counter()
         round_()
-        if i:
+        if i >= WARM_UP:
             windows.append((began, time.perf_counter()))
     return windows
 
@@ -222,7 +232,7 @@ def _link_exchange(rank: int, world: int, tensors: Sequence[torch.Tensor], repea
     """The transport alone: a reused message out, `PeerStreams` in, unpacked into the model."""
     frame = Frame.of(tensors, words=2)
     right, left = (rank + 1) % world, (rank - 1) % world
-    rounds = repeats + 1
+    rounds = WARM_UP + repeats
     streams = PeerStreams(link, [left], _TAG, lambda: link.empty(frame),
                           lambda m: frame.header(m)[0] == rounds - 1, reuse=True,
                           name="bench")
@@ -260,20 +270,21 @@ def _driver(rank: int, world: int, model: nn.Module, repeats: int, link: TimedLi
                       model, optimizer)
     spans = []
     dist.barrier()
+    timed = range(WARM_UP + 1, WARM_UP + repeats + 1)
     i, stopped = 0, not runs
     while not stopped:  # as a run's loop: on until the driver stops it
         i += 1
-        if i > repeats + 50:
+        if i > timed.stop + 50:
             raise RuntimeError(f"{protocol.name} did not stop after {i - 1} iterations")
         if gradients:  # what a backward pass leaves, made before the iteration's clock starts
             for p in model.parameters():
                 p.grad = torch.zeros_like(p)
         step = Step(iteration=i)
         driver.begin_iteration(step)
-        step.wants_stop = i > repeats  # as a run's last step says (Prague's GG needs it)
+        step.wants_stop = i >= timed.stop  # as a run's last step says (Prague's GG needs it)
         driver.before_optimizer_step(step)
         driver.after_optimizer_step(step)
-        if 1 < i <= repeats + 1:
+        if i in timed:
             spans.append((step.start, time.perf_counter()))
         stopped = step.stop
     driver.close()
@@ -357,11 +368,8 @@ def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
     nbytes = results[0]["bytes"]
     rows: dict[str, dict[str, Any]] = {}
     for row in ROWS:
-        slowest = [max(end - start for start, end in
-                       (rank["iterations"][row][i] for rank in results
-                        if rank["iterations"][row]))  # AD-PSGD: the active ranks'
-                   for i in range(args.repeats)]
-        seconds = statistics.median(slowest)
+        seconds = max(statistics.fmean(end - start for start, end in rank["iterations"][row])
+                      for rank in results if rank["iterations"][row])  # AD-PSGD: active ranks
         moved = copies(row, args.workers) * nbytes
         rows[row] = {"ms": seconds * 1e3, "gb_per_s": moved / seconds / 1e9}
     for name, row in rows.items():
@@ -369,7 +377,8 @@ def _report(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str
         if (like := pattern(name, args.workers)) is not None:
             row["pattern"] = like
             row["ratio_to_pattern"] = row["gb_per_s"] / rows[like]["gb_per_s"]
-    print(f"{args.workers} workers, payload {nbytes / 1e6:.1f} MB, median of {args.repeats}")
+    print(f"{args.workers} workers, payload {nbytes / 1e6:.1f} MB, {args.repeats} iterations "
+          "a row: the slowest rank's mean")
     print("| path | ms | GB/s | / raw send | / raw, same pattern |")
     print("| --- | --- | --- | --- | --- |")
     for name, row in rows.items():
@@ -411,7 +420,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--mb", type=float, default=None,
                         help="payload in MB (default: resnet-wide's tensors, 44.7 MB)")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("runs/transport-bandwidth"))
     args = parser.parse_args()
     if args.workers < 2 or args.workers % 2:
