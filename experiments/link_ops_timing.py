@@ -2,7 +2,9 @@
 `Link.flat` and `Link.unpack_into` on separate tensors (torch's multi-tensor ops) and on the
 same tensors laid out in one buffer (`hetsync.transport.contiguous.lay_out`, as
 `SyncOptimizer` lays a model out), beside the same arithmetic done tensor by tensor in Python
-(how they worked before either), for a built-in workload's tensors.
+(how they worked before either), for a built-in workload's tensors. With `--inputs 1` (a
+pair's mean: Hop's on a ring of 2, D-PSGD's) `mix` is one lerp; the row "scaled sum" is the
+same mean as a scaling and an add (how it was made before), on the laid-out buffer.
 
     python experiments/link_ops_timing.py [--workload resnet] [--inputs 2] [--calls 200]
 
@@ -19,8 +21,8 @@ from collections.abc import Callable
 
 import torch
 
-from hetsync.transport.contiguous import lay_out
-from hetsync.transport.links import Link
+from hetsync.transport.contiguous import lay_out, span
+from hetsync.transport.links import Link, mix
 from hetsync.workloads import get_workload
 
 
@@ -63,9 +65,7 @@ def main() -> None:
     def mix_per_tensor() -> None:
         views = [_slices(flat, tensors) for flat in flats]
         for i, t in enumerate(tensors):
-            t.mul_(weight)
-            for view in views:
-                t.add_(view[i], alpha=weight)
+            mix(t, weight, [(view[i], weight) for view in views])
 
     def unpack_per_tensor() -> None:
         for t, piece in zip(tensors, _slices(flats[0], tensors), strict=True):
@@ -75,12 +75,12 @@ def main() -> None:
     assert lay_out(laid)
     start = [t.clone() for t in tensors]
     results = []
-    for mix, target in ((mix_per_tensor, tensors),
-                        (lambda: link.mix_into(tensors, weight, inputs), tensors),
-                        (lambda: link.mix_into(laid, weight, inputs), laid)):
+    for average, target in ((mix_per_tensor, tensors),
+                            (lambda: link.mix_into(tensors, weight, inputs), tensors),
+                            (lambda: link.mix_into(laid, weight, inputs), laid)):
         for t, s in zip(target, start, strict=True):
             t.copy_(s)
-        mix()
+        average()
         results.append(torch.cat([t.reshape(-1) for t in target]))
     assert all(torch.equal(results[0], r) for r in results), \
         "mix_into differs from the per-tensor arithmetic"
@@ -88,7 +88,16 @@ def main() -> None:
     print(f"{args.workload}: {len(tensors)} tensors, {numel * 4 / 1e6:.2f} MB, "
           f"{args.inputs} input(s), one thread")
     out = torch.empty(numel)
+    whole = span(laid)
+    assert whole is not None
+
+    def scaled_sum() -> None:
+        whole.mul_(weight)
+        for flat in flats:
+            whole.add_(flat, alpha=weight)
+
     rows = [
+        ("mix", "scaled sum, one buffer", scaled_sum),
         ("mix", "tensor by tensor", mix_per_tensor),
         ("mix", "Link.mix_into", lambda: link.mix_into(tensors, weight, inputs)),
         ("mix", "Link.mix_into, one buffer", lambda: link.mix_into(laid, weight, inputs)),

@@ -21,7 +21,7 @@ from hetsync.protocols.ddp.driver import DDP
 from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import BufferDrift, average_model, broadcast_model, model_tensors
 from hetsync.transport.header import Frame
-from hetsync.transport.links import Link, Links, WireDeviceError
+from hetsync.transport.links import Link, Links, WireDeviceError, mix
 from hetsync.transport.runtime import Runtime
 
 META = torch.device("meta")
@@ -107,9 +107,12 @@ def _same_average(got: list[torch.Tensor], want: list[torch.Tensor]) -> None:
 @pytest.mark.parametrize(("in_place", "contiguous", "laid_out"),
                          [(True, True, False), (True, False, False), (False, True, False),
                           (False, False, False), (True, True, True)])
-def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous, laid_out):
+@pytest.mark.parametrize("weights", [(0.45, 0.3, 0.25), (0.5, 0.5), (0.3, 0.7)],
+                         ids=["three", "pair", "uneven-pair"])
+def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous, laid_out,
+                                                 weights):
     """In place on the tensors where their dtype is the buffers', through a flat buffer where it
-    is not (one tensor of another dtype): both give what flat, average, unpack gave. The
+    is not (one tensor of another dtype): both give what flat, `mix`, unpack gave. The
     shapes cross the kernels' vector widths; in place, fp32 goes through torch's multi-tensor
     ops, bf16 and a non-contiguous tensor tensor by tensor, and tensors laid out in one
     buffer (`lay_out`) as that buffer: the reference's own arithmetic, exact in bf16 too."""
@@ -124,18 +127,40 @@ def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous, l
     if laid_out:
         assert lay_out(tensors)
     numel = sum(t.numel() for t in tensors)
-    inputs = [(torch.randn(numel, generator=generator).to(dtype), 0.3),
-              (torch.randn(numel, generator=generator).to(dtype), 0.25)]
-    expected = link.flat(tensors).mul_(0.45)
-    for flat, weight in inputs:
-        expected.add_(flat, alpha=weight)
+    self_weight, *others = weights
+    inputs = [(torch.randn(numel, generator=generator).to(dtype), weight) for weight in others]
+    expected = link.flat(tensors)
+    mix(expected, self_weight, inputs)
     want = [torch.zeros_like(t) for t in tensors]
     link.unpack_into(expected, want)
-    scratch = link.mix_into(tensors, 0.45, inputs)
+    scratch = link.mix_into(tensors, self_weight, inputs)
     assert (scratch is None) == in_place
     if laid_out:
         assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True))
     _same_average(tensors, want)
+
+
+def test_mix_of_a_pair_is_its_correctly_rounded_mean_where_the_models_are_close():
+    """`mix` of a pair is one lerp, not a scaling and an add: where the two values are within a
+    factor of 2 (models being averaged are), it is the mean rounded once, as the scaled sum
+    is, bit for bit; anywhere it is within a rounding of the larger value of the exact mean.
+    More terms are the scaled sum itself."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(100_003, generator=generator)
+    close = x * (1 + 0.4 * torch.rand(x.shape, generator=generator))  # within a factor of 2
+    mean = x.clone()
+    mix(mean, 0.5, [(close, 0.5)])
+    assert torch.equal(mean, ((x.double() + close.double()) / 2).float())
+    assert torch.equal(mean, x.mul(0.5).add_(close, alpha=0.5))
+    far = torch.randn(x.shape, generator=generator) * 100  # signs and scales apart
+    mean = x.clone()
+    mix(mean, 0.5, [(far, 0.5)])
+    exact = (x.double() + far.double()) / 2
+    larger = torch.maximum(x.abs(), far.abs()).double()
+    assert ((mean.double() - exact).abs() <= larger * 2**-23).all()
+    three = x.clone()
+    mix(three, 0.45, [(close, 0.3), (far, 0.25)])
+    assert torch.equal(three, x.mul(0.45).add_(close, alpha=0.3).add_(far, alpha=0.25))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -143,7 +168,7 @@ def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous, l
 def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place, laid_out):
     """AD-PSGD's served average: tensor by tensor where the dtypes allow, over the one buffer
     of a laid-out model, through the flat buffer where not; all as flat, add, halve, unpack
-    gave, in the reply and in the model."""
+    gave (`mix`'s mean of a pair), in the reply and in the model."""
     link = Link.default()
     generator = torch.Generator().manual_seed(1)
     tensors = [torch.randn(shape, generator=generator).to(dtype)
@@ -153,7 +178,8 @@ def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place, laid
     if laid_out:
         assert lay_out(tensors)
     other = torch.randn(sum(t.numel() for t in tensors), generator=generator).to(dtype)
-    expected = link.flat(tensors).add_(other).div_(2)
+    expected = link.flat(tensors)
+    mix(expected, 0.5, [(other, 0.5)])
     want = [torch.zeros_like(t) for t in tensors]
     link.unpack_into(expected, want)
     out = torch.full_like(other, float("nan"))
@@ -164,7 +190,9 @@ def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place, laid
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("laid_out", [False, True])
-def test_buffer_drift_mix_into_is_the_corrected_flat_average_bit_for_bit(dtype, laid_out):
+@pytest.mark.parametrize("weights", [(0.45, 0.3, 0.25), (0.5, 0.5)], ids=["three", "pair"])
+def test_buffer_drift_mix_into_is_the_corrected_flat_average_bit_for_bit(dtype, laid_out,
+                                                                       weights):
     """D-PSGD's average: the parameters in place, the BatchNorm statistics (moved by the
     forward pass since they were sent) corrected, as the flat sum, `apply`, unpack gave."""
     link = Link.default()
@@ -176,14 +204,14 @@ def test_buffer_drift_mix_into_is_the_corrected_flat_average_bit_for_bit(dtype, 
     drift = BufferDrift(model)
     sent = link.flat(tensors)
     model(torch.randn(8, 40, dtype=dtype))  # the forward pass moves the running statistics
-    inputs = [(torch.randn_like(sent), 0.3), (torch.randn_like(sent), 0.25)]
-    expected = torch.mul(sent, 0.45)
-    for flat, weight in inputs:
-        expected.add_(flat, alpha=weight)
+    self_weight, *others = weights
+    inputs = [(torch.randn_like(sent), weight) for weight in others]
+    expected = sent.clone()
+    mix(expected, self_weight, inputs)
     drift.apply(expected, sent)
     want = [torch.zeros_like(t) for t in tensors]
     link.unpack_into(expected, want)
-    assert drift.mix_into(link, tensors, 0.45, sent, inputs) is None  # no model-sized buffer
+    assert drift.mix_into(link, tensors, self_weight, sent, inputs) is None  # no model buffer
     _same_average(tensors, want)  # bf16: the parameters' span ends where the reference's not
 
 

@@ -26,6 +26,7 @@ import torch
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.transport.flat import flatten
+from hetsync.transport.links import mix
 from hetsync.workloads import SVM_L2, get_workload
 from hetsync.workloads.datasets import DataSplit
 from hetsync.workloads.sharding import Shard
@@ -148,10 +149,8 @@ class MathModel:
     def mix(self, rank: int, self_weight: float, weights: Mapping[int, float],
             inputs: Mapping[int, int]) -> None:
         """x_rank <- self_weight x_rank + sum_j weights[j] published(j, inputs[j])."""
-        row = self.x[rank]
-        row.mul_(self_weight)
-        for src, tag in inputs.items():
-            row.add_(self.published[src, tag][0], alpha=weights[src])
+        mix(self.x[rank], self_weight,
+            [(self.published[src, tag][0], weights[src]) for src, tag in inputs.items()])
 
     def drop(self, src: int, tags: tuple[int, ...]) -> None:
         """One receiver is done with `src`'s updates `tags`."""
@@ -188,7 +187,7 @@ class MathModel:
     def serve(self, rank: int, client: int) -> torch.Tensor:
         """x_rank <- (x_rank + client's sent model) / 2; the average, for the reply."""
         row = self.x[rank]
-        row.add_(self.sent.pop(client)).mul_(0.5)
+        mix(row, 0.5, [(self.sent.pop(client), 0.5)])
         return row.clone()
 
     def load(self, rank: int, model: torch.Tensor) -> None:

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from hetsync.transport.contiguous import span
-from hetsync.transport.links import Link
+from hetsync.transport.links import Link, mix
 
 __all__ = [
     "BufferDrift",
@@ -102,9 +102,9 @@ class BufferDrift:
         out = link.mix_into(tensors[:split], self_weight,
                             [(flat[: self.offset], weight) for flat, weight in inputs], out=out)
         if self.buffers:
-            average = torch.mul(sent[self.offset : self.end], self_weight)
-            for flat, weight in inputs:
-                average.add_(flat[self.offset : self.end], alpha=weight)
+            average = sent[self.offset : self.end].clone()
+            mix(average, self_weight,
+                [(flat[self.offset : self.end], weight) for flat, weight in inputs])
             average.add_(self._moved(sent))
             with torch.no_grad():
                 link.unpack_into(average, tensors[split:])

@@ -32,7 +32,7 @@ from hetsync.transport.contiguous import span
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers
 
-__all__ = ["Link", "Links", "WireDeviceError"]
+__all__ = ["Link", "Links", "WireDeviceError", "mix"]
 
 _CPU = torch.device("cpu")
 Transfers = Iterable[tuple[torch.Tensor, int]]
@@ -146,22 +146,21 @@ class Link:
                  inputs: Sequence[tuple[torch.Tensor, float]],
                  out: torch.Tensor | None = None) -> torch.Tensor | None:
         """tensors <- self_weight * tensors + sum(weight * flat) over `inputs` (flat buffers of
-        the tensors' layout on this link), as `flat`, then `unpack_into` would give: bit for
-        bit in fp32; in bf16 an element may differ by one rounding, where a tensor's boundary
-        moves it between the kernels' vectorised and scalar loops, which round the scaled sum
-        apart. Where every tensor is on the wire device in the buffers' dtype the sum is made in
-        the tensors themselves: one pass over the model per term, and no model-sized buffer
-        (through one, it takes five: a 45 MB model's average costs tens of ms more). Else it
-        goes through a flat buffer (`out`, reused), returned for the next call."""
+        the tensors' layout on this link), in `mix`'s arithmetic, as `flat`, `mix` and then
+        `unpack_into` would give: bit for bit in fp32; in bf16 an element may differ by one
+        rounding, where a tensor's boundary moves it between the kernels' vectorised and
+        scalar loops, which round the scaled sum apart. Where every tensor is on the wire
+        device in the buffers' dtype the sum is made in the tensors themselves: one pass over
+        the model per term (one in all for a pair), and no model-sized buffer (through one, a
+        45 MB model's average costs tens of ms more). Else it goes through a flat buffer
+        (`out`, reused), returned for the next call."""
         flats = [flat for flat, _ in inputs]
         whole = span(tensors)
         if (whole is not None and whole.device == self.device
                 and all(f.dtype == whole.dtype for f in flats)):
             n = whole.numel()  # a laid-out model: the reference's arithmetic, in place
             with torch.no_grad():
-                whole.mul_(self_weight)
-                for flat, weight in inputs:
-                    whole.add_(flat[:n], alpha=weight)
+                mix(whole, self_weight, [(flat[:n], weight) for flat, weight in inputs])
             return out
         if all(t.device == self.device and all(t.dtype == f.dtype for f in flats)
                for t in tensors):
@@ -170,51 +169,49 @@ class Link:
                     # One call per term for all tensors, not a Python loop over a ResNet's
                     # hundred small tensors (experiments/link_ops_timing.py).
                     targets = [t.view(-1) for t in tensors]
+                    if _is_pair(self_weight, inputs):
+                        torch._foreach_lerp_(targets, _pieces(flats[0], tensors), inputs[0][1])
+                        return out
                     torch._foreach_mul_(targets, self_weight)
                     for flat, weight in inputs:
                         torch._foreach_add_(targets, _pieces(flat, tensors), alpha=weight)
                     return out
                 views = [_views(flat, tensors) for flat in flats]
                 for i, t in enumerate(tensors):  # torch._foreach_add_ rounds bf16 otherwise
-                    t.mul_(self_weight)
-                    for (_, weight), view in zip(inputs, views, strict=True):
-                        t.add_(view[i], alpha=weight)
+                    mix(t, self_weight, [(view[i], weight) for (_, weight), view
+                                         in zip(inputs, views, strict=True)])
             return out
         average = self.flat(tensors, out=out)
-        average.mul_(self_weight)
-        for flat, weight in inputs:
-            average.add_(flat, alpha=weight)
+        mix(average, self_weight, inputs)
         with torch.no_grad():
             self.unpack_into(average, tensors)
         return average
 
     def average_pair_into(self, tensors: Sequence[torch.Tensor], other: torch.Tensor,
                           out: torch.Tensor) -> None:
-        """out <- (tensors + other) / 2, then tensors <- out: as `flat`, `add_`, `div_` and
-        `unpack_into` would give, bit for bit (`other` and `out` are flat buffers of the
-        tensors' layout on this link). Where every tensor is on the wire device in the
-        buffers' dtype it goes tensor by tensor, each one's three passes while it is in cache;
-        through the flat buffer it takes four passes over the whole model (AD-PSGD's serving,
-        45 MB a request with a full-width ResNet-18)."""
+        """out <- the mean of tensors and other (`mix`'s for a pair), then tensors <- out: as
+        `flat`, that mean and `unpack_into` would give, bit for bit (`other` and `out` are
+        flat buffers of the tensors' layout on this link). Where every tensor is on the wire
+        device in the buffers' dtype it goes tensor by tensor, each one's two passes while it
+        is in cache; through the flat buffer it takes three passes over the whole model
+        (AD-PSGD's serving, 45 MB a request with a full-width ResNet-18)."""
         whole = span(tensors)
         if whole is not None and whole.device == self.device and whole.dtype == out.dtype:
             n = whole.numel()  # a laid-out model: the reference's arithmetic, in place
             with torch.no_grad():
                 mean = out[:n]
-                torch.add(whole, other[:n], out=mean)
-                mean.div_(2)
+                torch.lerp(whole, other[:n], 0.5, out=mean)
                 whole.copy_(mean)
             return
         if all(t.device == self.device and t.dtype == out.dtype for t in tensors):
             with torch.no_grad():
                 for t, theirs, mean in zip(tensors, _views(other, tensors),
                                            _views(out, tensors), strict=True):
-                    torch.add(t, theirs, out=mean)
-                    mean.div_(2)
+                    torch.lerp(t, theirs, 0.5, out=mean)
                     t.copy_(mean)
             return
         average = self.flat(tensors, out=out)
-        average.add_(other).div_(2)
+        average.lerp_(other, 0.5)
         self.unpack_into(average, tensors)
 
     # --- operations -------------------------------------------------------------------------
@@ -330,6 +327,30 @@ def _fill(out: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:
         out[offset : offset + n].copy_(t.detach().reshape(-1), non_blocking=True)
         offset += n
     _synchronize([out, *tensors])
+
+
+def mix(target: torch.Tensor, self_weight: float,
+        inputs: Sequence[tuple[torch.Tensor, float]]) -> None:
+    """target <- self_weight * target + sum(weight * x) over `inputs`, in place: the one
+    arithmetic of every weighted average hetsync makes, whatever the path (`Link.mix_into`).
+    A pair (one input, the weights summing to 1) is torch's `lerp`, one pass over the model
+    rather than a scaling and an add: two models being averaged are close (within a factor of
+    2 of each other, their difference is exact), and there it gives the correctly rounded
+    mean, as the scaled sum does; elsewhere (values of opposite signs) it is within a
+    rounding of the larger value. On 45 MB, 5.1 -> 3.3 ms a mean (experiments/link_ops_timing.py
+    --workload resnet-wide --inputs 1)."""
+    with torch.no_grad():
+        if _is_pair(self_weight, inputs):
+            target.lerp_(inputs[0][0], inputs[0][1])
+            return
+        target.mul_(self_weight)
+        for x, weight in inputs:
+            target.add_(x, alpha=weight)
+
+
+def _is_pair(self_weight: float, inputs: Sequence[tuple[torch.Tensor, float]]) -> bool:
+    """Whether `mix`'s sum is a pair's weighted mean: one input, the weights summing to 1."""
+    return len(inputs) == 1 and self_weight + inputs[0][1] == 1
 
 
 def _foreach_exact(tensors: Sequence[torch.Tensor]) -> bool:
