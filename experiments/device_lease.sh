@@ -110,7 +110,7 @@ grep -A9 "share.*hop" "$OUT/per-rank.txt" | head -30
 step_transport() {  # not by default: every protocol's path against raw gloo, 8 processes
 say "transport: every protocol's path beside raw gloo, ${TRANSPORT_WORKERS:-8} processes, 45 MB"
 timeout -k 10 "${TRANSPORT_LIMIT:-150}" $PY experiments/transport_bandwidth.py \
-    --workers "${TRANSPORT_WORKERS:-8}" --repeats 9 --out "$OUT/transport" \
+    --workers "${TRANSPORT_WORKERS:-8}" --out "$OUT/transport" \
     > "$OUT/transport.txt" 2>&1
 echo "transport: rc=$?"; sed -n '/^| path/,/^$/p' "$OUT/transport.txt"
 }

@@ -161,6 +161,13 @@ class TimedLink(Link):
     def send(self, *args: Any, **kwargs: Any) -> None:
         self._time("send", super().send, *args, **kwargs)
 
+    def exchange(self, sends: Any, receives: Any, tag: int) -> None:
+        """Timed as one call (a P-Reduce's round: its sends and receives, posted together)."""
+        began = time.perf_counter()
+        super().exchange(sends, receives, tag)
+        self.spans.append((threading.current_thread().name, "exchange", began,
+                           time.perf_counter()))
+
     def recv(self, *args: Any, **kwargs: Any) -> None:
         self._time("recv", super().recv, *args, **kwargs)
 
