@@ -371,8 +371,7 @@ class _Server:
         # the model out of the reply then does not share the CPU with the sends (on one
         # machine, a 45 MB reply went out in 21 ms beside it, 13 ms alone), and a sync round
         # waits for the last remote worker anyway, whose reply it now gets with.
-        return [(rank, reply) for rank in answer.ranks if rank != 0] + [
-            (0, reply) for rank in answer.ranks if rank == 0]
+        return [(rank, reply) for rank in sorted(answer.ranks, key=lambda rank: rank == 0)]
 
     def _model_bytes(self, message: torch.Tensor) -> float:
         """A push's or reply's size as declared (`--payload`): all but its header."""
