@@ -112,6 +112,38 @@ def test_server_applies_each_push_with_the_worker_optimizer(sync):
     server.close()
 
 
+def test_a_server_of_parameters_of_two_dtypes_steps_them_from_the_mean_too():
+    # The gradients are views of the summed one where every parameter has its dtype; where
+    # not (a float64 parameter beside float32 ones) the mean is copied into each.
+    weight, scale = nn.Parameter(torch.tensor([1.0, 2.0])), nn.Parameter(torch.tensor([4.0],
+                                                                           dtype=torch.float64))
+    server = _Server(torch.optim.SGD([weight, scale], lr=0.5), [], PSServerCore(1))
+    reply = server.push(_push(server, [2.0, -2.0, 1.0]))
+    assert _read(server, reply) == [1.0, 0.0, 0.0, 0.0, 3.0, 3.5]
+    reply = server.push(_push(server, [2.0, 2.0, 2.0], version=1))  # the sums start afresh
+    assert _read(server, reply) == [2.0, 0.0, 0.0, -1.0, 2.0, 2.5]
+    server.close()
+
+
+def test_rank_0_takes_its_reply_after_the_remote_ones_are_sent_even_if_one_fails(monkeypatch):
+    param = nn.Parameter(torch.zeros(2))
+    server = _Server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(1))
+    seen: list[tuple[int, bool]] = []
+
+    def send(reply: torch.Tensor, rank: int, tag: int = 0) -> None:
+        seen.append((rank, server.local_reply is not None))
+        if rank == 2:
+            raise RuntimeError("Connection closed by peer")
+
+    monkeypatch.setattr(server.link, "send", send)
+    local = torch.zeros(4)
+    with pytest.raises(RuntimeError, match="closed by peer"):
+        server._send([(1, torch.zeros(4)), (2, torch.zeros(4)), (0, local)])
+    assert seen == [(1, False), (2, False)]  # rank 0's reply was not out during the sends
+    assert server.local_reply is local  # and is out after them, though one failed
+    server.close()
+
+
 def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
     weight, bias = nn.Parameter(torch.tensor([1.0])), nn.Parameter(torch.tensor([1.0]))
     worker = torch.optim.SGD([{"params": [weight], "weight_decay": 1.0},
