@@ -16,7 +16,8 @@ from hetsync.errors import ConfigError
 from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
 from hetsync.protocols.ps.core import PSServerCore
-from hetsync.protocols.ps.driver import _Server
+from hetsync.protocols.ps.driver import _Server, _Tensors
+from hetsync.protocols.ps.wire import PushHeader
 from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
 
 pytestmark = pytest.mark.integration
@@ -110,6 +111,32 @@ def test_server_applies_each_push_with_the_worker_optimizer(sync):
     reply = server.push(_push(server, [2.0, -2.0], delta=(1.5,)))
     assert _read(server, reply) == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
     server.close()
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_rank_0_s_tensors_pushed_as_they_are_step_the_server_as_its_packed_message(sync):
+    # Rank 0 hands the server its gradients and buffer change unpacked (`_Tensors`): the
+    # server's model after a few rounds is the one packed messages give, bit for bit.
+    generator = torch.Generator().manual_seed(0)
+    shapes = [(3, 5), (7,), (2, 2, 2)]
+    start = [torch.randn(shape, generator=generator) for shape in shapes]
+    pushes = [([torch.randn(shape, generator=generator) for shape in shapes],
+               torch.randn(4, generator=generator)) for _ in range(3)]
+    replies = []
+    for unpacked in (False, True):
+        params = [nn.Parameter(t.clone()) for t in start]
+        server = _Server(torch.optim.SGD(params, lr=0.3, momentum=0.9), [torch.zeros(4)],
+                         PSServerCore(1, "sync" if sync else "async"))
+        for version, (grads, delta) in enumerate(pushes):
+            header = PushHeader(version, False)
+            assert server.takes_tensors(grads)
+            push = (_Tensors(header, grads, delta) if unpacked
+                    else server.frame.pack(header.encode(), [*grads, delta]))
+            reply = server.push(push)
+            server.release(reply)
+        replies.append(reply.clone())
+        server.close()
+    assert torch.equal(replies[0], replies[1])
 
 
 def test_a_server_of_parameters_of_two_dtypes_steps_them_from_the_mean_too():
