@@ -32,7 +32,7 @@ from hetsync.transport.contiguous import span
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers
 
-__all__ = ["Link", "Links", "WireDeviceError", "mix"]
+__all__ = ["Link", "Links", "WireDeviceError", "mix", "pair_mean"]
 
 _CPU = torch.device("cpu")
 Transfers = Iterable[tuple[torch.Tensor, int]]
@@ -200,14 +200,14 @@ class Link:
             n = whole.numel()  # a laid-out model: the reference's arithmetic, in place
             with torch.no_grad():
                 mean = out[:n]
-                torch.lerp(whole, other[:n], 0.5, out=mean)
+                pair_mean(whole, other[:n], mean)
                 whole.copy_(mean)
             return
         if all(t.device == self.device and t.dtype == out.dtype for t in tensors):
             with torch.no_grad():
                 for t, theirs, mean in zip(tensors, _views(other, tensors),
                                            _views(out, tensors), strict=True):
-                    torch.lerp(t, theirs, 0.5, out=mean)
+                    pair_mean(t, theirs, mean)
                     t.copy_(mean)
             return
         average = self.flat(tensors, out=out)
@@ -346,6 +346,14 @@ def mix(target: torch.Tensor, self_weight: float,
         target.mul_(self_weight)
         for x, weight in inputs:
             target.add_(x, alpha=weight)
+
+
+def pair_mean(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out <- the mean of a and b as `mix` makes a pair's (one lerp, one pass); `out` may be
+    `a` or `b` itself. Not symmetric in its rounding where a and b are far apart: members who
+    must agree bit for bit compute it in one order (or one of them does)."""
+    with torch.no_grad():
+        return torch.lerp(a, b, 0.5, out=out)
 
 
 def _is_pair(self_weight: float, inputs: Sequence[tuple[torch.Tensor, float]]) -> bool:

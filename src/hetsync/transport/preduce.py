@@ -33,7 +33,8 @@ buffer must be on; ``subgroup`` through links of its own, gloo on host memory. M
 told apart by peer (disjoint groups share no peer; a worker's groups run in an order all
 members agree on) and a tag derived from the group, so that two workers that disagree on the
 group time out instead of mixing buffers. Every member sums in the same order, so the members
-end with bit-identical buffers.
+end with bit-identical buffers. A pair's mean is one pass (`hetsync.transport.links.pair_mean`,
+the one every pair's average in hetsync takes), not a sum and a division.
 
 Why ``subgroup`` does not call `dist.new_group(ranks, use_local_synchronization=True)`: torch
 2.13 names that group sha1(ranks, number of groups this process holds), so two members with
@@ -64,7 +65,7 @@ from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.model import Message
 from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce
 from hetsync.protocols.prague.options import PREDUCE_KINDS
-from hetsync.transport.links import Link
+from hetsync.transport.links import Link, pair_mean
 
 __all__ = ["RING_FROM_BYTES", "PReducer", "free_network_kind", "make_preducer"]
 
@@ -151,20 +152,36 @@ class _Mesh(PReducer):
     def messages(self, group: Group, nbytes: float) -> list[Message]:
         return mesh_reduce(group, nbytes)
 
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
+        """A pair's mean is one pass (`pair_mean`, in the group's order on both members, so
+        they agree bit for bit); more members' a sum, divided."""
+        if len(group) != 2:
+            super()._mean(flat, group, source)
+            return
+        terms = self._terms(flat, group, source)
+        pair_mean(terms[0], terms[1], flat)  # (`flat` may be a term: read as written)
+
     def _sum(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
+        terms = self._terms(flat, group, source)
+        me = group.index(self.rank)
+        if source is flat and me > 1:  # overwritten by the first add before it is read
+            terms[me] = self._parts(len(group), flat)[me].copy_(flat)
+        torch.add(terms[0], terms[1], out=flat)
+        for term in terms[2:]:
+            flat.add_(term)
+
+    def _terms(self, flat: torch.Tensor, group: Group, source: torch.Tensor
+               ) -> list[torch.Tensor]:
+        """Every member's buffer, in the group's order, once exchanged: `source` for this
+        member, received buffers (`_parts`, this member's row unused) for the others."""
         parts, tag = self._parts(len(group), flat), _tag(group)
         peers = [(peer, part) for peer, part in zip(group, parts, strict=True)
                  if peer != self.rank]
         self.link.exchange([(source, peer) for peer, _ in peers],
                            [(part, peer) for peer, part in peers], tag)
-        me, terms = group.index(self.rank), list(parts)
-        if source is flat:  # it is overwritten by the sum it is a term of
-            parts[me].copy_(flat)
-        else:
-            terms[me] = source
-        torch.add(terms[0], terms[1], out=flat)
-        for term in terms[2:]:
-            flat.add_(term)
+        terms = list(parts)
+        terms[group.index(self.rank)] = source
+        return terms
 
     def average_surviving(self, flat: torch.Tensor, group: Group,
                           confirm: Callable[[int, BaseException], None],
@@ -204,7 +221,8 @@ class _Ring(PReducer):
 
     def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         """Each member divides only the chunk it owns once reduced, then all-gathers: a pass
-        over 1/k of the buffer instead of all of it, the same values (a sum, divided). Every
+        over 1/k of the buffer instead of all of it, the same values (a sum, divided; for a
+        pair, the chunk's mean in one pass, `pair_mean`). Every
         chunk of `flat` but this member's own is first written by the reduce-scatter's sum
         (of `source`'s chunk and the one received), its own by the all-gather: `source` is
         read, never copied."""
@@ -217,8 +235,12 @@ class _Ring(PReducer):
             sent = sources[me] if s == 0 else chunks[(me - s) % k]  # the sum of step s - 1
             received = buf[: chunks[i].numel()]
             self.link.exchange([(sent, nxt)], [(received, prv)], tag)
-            torch.add(sources[i], received, out=chunks[i])
-        chunks[(me + 1) % k].div_(k)
+            if k == 2:  # a pair's mean in one pass (`pair_mean`), by the chunk's one owner
+                pair_mean(sources[i], received, chunks[i])
+            else:
+                torch.add(sources[i], received, out=chunks[i])
+        if k > 2:
+            chunks[(me + 1) % k].div_(k)
         for s in range(k - 1):  # all-gather the reduced chunks
             self.link.exchange([(chunks[(me + 1 - s) % k], nxt)], [(chunks[(me - s) % k], prv)],
                                tag)
@@ -239,10 +261,13 @@ class _Leader(PReducer):
             return
         parts = self._parts(len(group) - 1, flat)
         self.link.exchange([], list(zip(parts, group[1:], strict=True)), tag)
-        torch.add(source, parts[0], out=flat)
-        for part in parts[1:]:
-            flat.add_(part)
-        flat.div_(len(group))
+        if len(group) == 2:  # a pair's mean in one pass (`pair_mean`)
+            pair_mean(source, parts[0], flat)
+        else:
+            torch.add(source, parts[0], out=flat)
+            for part in parts[1:]:
+                flat.add_(part)
+            flat.div_(len(group))
         self.link.exchange([(flat, peer) for peer in group[1:]], [], tag)
 
 
