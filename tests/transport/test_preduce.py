@@ -135,6 +135,17 @@ def test_out_of_place_averages_are_the_in_place_ones_bit_for_bit(states, variant
             assert torch.equal(theirs, ours), (rank, i)
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", sorted(SURVIVING))
+def test_with_nobody_lost_the_surviving_average_is_the_mesh_s_bit_for_bit(states, variant):
+    """Same sums in the same order, and a pair's mean the same one pass (`pair_mean`)."""
+    mesh = variant.replace("-surviving", "")
+    for rank in range(WORLD):
+        for i, (theirs, ours) in enumerate(zip(states[rank][mesh], states[rank][variant],
+                                               strict=True)):
+            assert torch.equal(theirs, ours), (rank, i)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_one_member_group_is_a_local_no_op(kind):
     """No process group exists here: any communication would raise."""

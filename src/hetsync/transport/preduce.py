@@ -209,6 +209,9 @@ class _Mesh(PReducer):
             except RuntimeError as error:
                 confirm(peer, error)
         members = tuple(sorted(heard))
+        if len(members) == 2:  # as `_mean` takes a pair's: bit for bit when nobody is lost
+            pair_mean(heard[members[0]], heard[members[1]], flat)
+            return members
         total = heard[members[0]].clone()
         for peer in members[1:]:
             total.add_(heard[peer])
