@@ -161,12 +161,9 @@ class TimedLink(Link):
     def send(self, *args: Any, **kwargs: Any) -> None:
         self._time("send", super().send, *args, **kwargs)
 
-    def exchange(self, sends: Any, receives: Any, tag: int) -> None:
+    def exchange(self, *args: Any, **kwargs: Any) -> None:
         """Timed as one call (a P-Reduce's round: its sends and receives, posted together)."""
-        began = time.perf_counter()
-        super().exchange(sends, receives, tag)
-        self.spans.append((threading.current_thread().name, "exchange", began,
-                           time.perf_counter()))
+        self._time("exchange", super().exchange, *args, **kwargs)
 
     def recv(self, *args: Any, **kwargs: Any) -> None:
         self._time("recv", super().recv, *args, **kwargs)

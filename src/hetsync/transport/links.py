@@ -32,7 +32,7 @@ from hetsync.transport.contiguous import span
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers
 
-__all__ = ["Link", "Links", "WireDeviceError", "mix", "pair_mean"]
+__all__ = ["Link", "Links", "WireDeviceError", "mix", "pair_mean", "views"]
 
 _CPU = torch.device("cpu")
 Transfers = Iterable[tuple[torch.Tensor, int]]
@@ -176,10 +176,10 @@ class Link:
                     for flat, weight in inputs:
                         torch._foreach_add_(targets, _pieces(flat, tensors), alpha=weight)
                     return out
-                views = [_views(flat, tensors) for flat in flats]
+                pieces = [views(flat, tensors) for flat in flats]
                 for i, t in enumerate(tensors):  # torch._foreach_add_ rounds bf16 otherwise
-                    mix(t, self_weight, [(view[i], weight) for (_, weight), view
-                                         in zip(inputs, views, strict=True)])
+                    mix(t, self_weight, [(piece[i], weight) for (_, weight), piece
+                                         in zip(inputs, pieces, strict=True)])
             return out
         average = self.flat(tensors, out=out)
         mix(average, self_weight, inputs)
@@ -205,13 +205,13 @@ class Link:
             return
         if all(t.device == self.device and t.dtype == out.dtype for t in tensors):
             with torch.no_grad():
-                for t, theirs, mean in zip(tensors, _views(other, tensors),
-                                           _views(out, tensors), strict=True):
+                for t, theirs, mean in zip(tensors, views(other, tensors),
+                                           views(out, tensors), strict=True):
                     pair_mean(t, theirs, mean)
                     t.copy_(mean)
             return
         average = self.flat(tensors, out=out)
-        average.lerp_(other, 0.5)
+        pair_mean(average, other, average)
         self.unpack_into(average, tensors)
 
     # --- operations -------------------------------------------------------------------------
@@ -376,7 +376,7 @@ def _pieces(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> tuple[torch.
     return flat[: sum(sizes)].split(sizes)
 
 
-def _views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+def views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Consecutive slices of `flat`, shaped as `tensors`."""
     return [piece.view_as(t) for piece, t in zip(_pieces(flat, tensors), tensors, strict=True)]
 

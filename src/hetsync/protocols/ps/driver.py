@@ -108,7 +108,7 @@ from hetsync.protocols.ps.core import (
 from hetsync.protocols.ps.wire import PushHeader, ReplyHeader, frame
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import unflatten_into
-from hetsync.transport.links import Link
+from hetsync.transport.links import Link, views
 from hetsync.transport.lost_workers import LostWorkers, unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
@@ -128,12 +128,6 @@ def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
     the server's model and every message live in host memory, whatever the model's device."""
     return torch.cat([torch.zeros(0, dtype=dtype),
                       *(t.detach().reshape(-1).to(dtype=dtype, device="cpu") for t in tensors)])
-
-
-def _views(flat: torch.Tensor, tensors: list[nn.Parameter]) -> list[torch.Tensor]:
-    """Consecutive slices of `flat`, shaped as `tensors`."""
-    pieces = flat.split([t.numel() for t in tensors])
-    return [piece.view_as(t) for piece, t in zip(pieces, tensors, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,10 +171,11 @@ class _Server:
         self.dtype = self.params[0].dtype
         self.size = sum(p.numel() for p in self.params)
         self.grad_sum = torch.zeros(self.size, dtype=self.dtype)
-        # The gradients are views of the sum where every parameter has its dtype: the step
-        # reads the mean where it was made, with no copy of the model a round.
+        self._sum_views = views(self.grad_sum, self.params)  # also where `_Tensors` grads go
+        # The gradients are these views where every parameter has its dtype: the step reads
+        # the mean where it was made, with no copy of the model a round.
         self._grads_are_views = all(p.dtype == self.dtype for p in self.params)
-        self.grads = (_views(self.grad_sum, self.params) if self._grads_are_views
+        self.grads = (self._sum_views if self._grads_are_views
                       else [torch.zeros_like(p) for p in self.params])
         for p, g in zip(self.params, self.grads, strict=True):
             p.grad = g
@@ -197,7 +192,6 @@ class _Server:
         self._replies: list[torch.Tensor] = []  # reply buffers no send or rank 0 still reads
         self._readers: dict[int, int] = {}  # per reply in use (by id): sends and reads left
         self._push: torch.Tensor | _Tensors | None = None  # what `_execute`'s decisions answer
-        self._sum_views = _views(self.grad_sum, self.params)  # where `_Tensors` grads go
         self.bytes_sent = 0
         self.error: BaseException | None = None
         self.remote = set(range(1, world))
