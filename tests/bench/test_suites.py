@@ -156,7 +156,7 @@ def test_workload_keeps_a_real_suites_settings_of_that_workload(tmp_path):
     assert {(r.config.device, r.config.pin, r.config.stop_at_target) for r in runs} == {
         ("cpu", True, False)}  # and every run lasts its cap: "of ideal" compares rates
     assert len(plan(BenchOptions(suite="real").chosen_suite(), BenchOptions(suite="real"),
-                    tmp_path)) == 46  # a workload that is not its own leaves the suite whole
+                    tmp_path)) == 50  # a workload that is not its own leaves the suite whole
 
 
 def test_workload_the_real_suite_does_not_run_is_refused_in_one_line(capsys):

@@ -299,6 +299,7 @@ def _pairs(label: str, about: str) -> Variant:
 #: Hop with staleness and skipping beside its default.
 _PAIRS = (
     _pairs("prague", OVERLAPPED.format("ready pairs")),
+    _pairs("prague-lag", OVERLAPPED.format("ready pairs, up to 4 steps on past a pair not done")),
     _pairs("prague-paper", "the Prague paper's loop with pairs: random groups, Group Buffer, "
            "P-Reduce between steps"),
 )
@@ -308,7 +309,7 @@ REAL = Suite(
     "once",
     _real(8, 3, REAL_WORKLOADS),
     _families(ps=("ps-async",), hop=("hop-skip", "hop-stale-skip"),
-              prague=("prague", "prague-paper")),
+              prague=("prague", "prague-lag", "prague-paper")),
     target_loss={"resnet": 0.6, "mlp-wide": 0.6}, max_time=35.0, real=True,
     run_options=REAL_RUN_OPTIONS,
 )

@@ -51,6 +51,19 @@ def test_max_iterations_is_run_exactly_by_every_worker_and_conserves_the_sum(
     assert result.summary["iterations"] == [3, 3, 3, 3]
 
 
+def test_a_group_lag_steps_on_past_unfinished_groups_and_conserves_the_sum(
+    check_zero_lr_consensus
+):
+    """Steps far shorter than a group's round trip through the Group Generator: with a lag of
+    3 a worker asks for a group about one step in four instead of waiting every step, and the
+    merges still conserve the sum of the models (lr 0)."""
+    result = check_zero_lr_consensus(protocol="prague", max_iterations=120, group_size=2,
+                                     group_lag=3, consensus=False)
+    assert result.summary["iterations"] == [120] * 4
+    stats = json.loads((result.run_dir / "group_generator.json").read_text())
+    assert 120 <= stats["requests"] < 4 * 120 / 2, stats  # at least every 4th step asks
+
+
 def groups_run(run_dir: Path, workers: int) -> dict[int, list[list[int]]]:
     """Per rank, the groups ([id, *members]) it averaged with, in the order it ran them."""
     return {r: [g for row in read_jsonl(run_dir / "workers" / f"rank{r}.jsonl")
@@ -136,7 +149,10 @@ def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
      ({"group_buffer": True}, "--group-buffer applies to --gg-policy random"),
      ({"gg_policy": "fastest"}, "--gg-policy must be random or ready"),
      ({"preduce": "tree"}, "--preduce must be auto or mesh or ring or leader or subgroup"),
-     ({"schedule": "static", "workers_per_node": 0}, "--workers-per-node must be >= 1")],
+     ({"schedule": "static", "workers_per_node": 0}, "--workers-per-node must be >= 1"),
+     ({"group_lag": 2, "overlap": False}, "--group-lag applies to P-Reduces beside the compute"),
+     ({"group_lag": 2, "schedule": "static"}, "--group-lag applies"),
+     ({"group_lag": -1}, "--group-lag must not be negative")],
 )
 def test_bad_options_are_refused_before_anything_starts(options, match):
     with pytest.raises(ConfigError, match=match):

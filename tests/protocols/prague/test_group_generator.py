@@ -54,11 +54,14 @@ class Run:
     models: list[float] = field(default_factory=list)  # each worker's model at the end
     expected_sum: float = 0.0  # the initial sum plus every local update
     merged_before: dict[tuple[int, int], int] = field(default_factory=dict)
+    requested: dict[int, list[int]] = field(default_factory=dict)
+    """rank -> the iterations it asked a group for, in order (all of them without a lag)."""
     """(rank, group id) -> the merges the rank had made when it ran the group (overlap)."""
 
 
 def simulate(world, group_size, *, steps=4, speeds=None, seed=0, timeouts=False, preduce=0.05,
-             latency=0.01, max_events=200_000, overlap=False, lr=0.0, **options) -> Run:
+             latency=0.01, max_events=200_000, overlap=False, lr=0.0, group_lag=0,
+             **options) -> Run:
     """N workers (PragueWorkerCore) and one GroupGeneratorCore joined by an in-memory network:
     random step durations (mean `speeds[r]`), FIFO channels with random latency, P-Reduces that
     start when the last member joins. Each worker holds a one-number model, moved by a random
@@ -70,8 +73,10 @@ def simulate(world, group_size, *, steps=4, speeds=None, seed=0, timeouts=False,
     run = Run(GroupGeneratorCore(world, group_size, random.Random(seed + 1), **options))
     run.runs = {r: [] for r in range(world)}
     workers = [PragueWorkerCore(r, world, overlap=overlap,  # as `of_run` makes them
-                                report_with_request=run.gg.policy == "ready")
+                                report_with_request=run.gg.policy == "ready",
+                                group_lag=group_lag if overlap else 0)
                for r in range(world)]
+    run.requested = {r: [] for r in range(world)}
     model = [rng.uniform(-1, 1) for _ in range(world)]
     run.expected_sum = sum(model)
     averaged = list(model) if overlap else model  # what the P-Reduces average
@@ -129,6 +134,7 @@ def simulate(world, group_size, *, steps=4, speeds=None, seed=0, timeouts=False,
                 request = GroupRequested(rank=dst, iteration=decision.iteration,
                                          last=decision.last)
                 requested[dst] = request
+                run.requested[dst].append(decision.iteration)
                 send(now, dst, GG, request)
             elif isinstance(decision, RunPReduce):
                 group = decision.group
@@ -172,26 +178,32 @@ def _check_assignment(run: Run, decision: AssignGroup, requested: dict) -> None:
         run.answers[request.rank, request.iteration] = group
 
 
-def check_invariants(run: Run, world: int, steps: int, overlap: bool = False) -> None:
+def check_invariants(run: Run, world: int, steps: int, overlap: bool = False,
+                     group_lag: int = 0) -> None:
     gg = run.gg
     assert math.isclose(sum(run.models), run.expected_sum, abs_tol=1e-9), "the sum is conserved"
-    if overlap:  # step k's model is averaged in its answer's group, after merge k
+    for rank, asked in run.requested.items():  # a lag passes at most `group_lag` steps
+        gaps = [b - a for a, b in zip([0, *asked], asked, strict=False)]
+        assert asked[-1] == steps and max(gaps) <= group_lag + 1, (rank, asked)
+        assert group_lag or asked == list(range(1, steps + 1))
+    if overlap:  # a request's model is averaged in its answer's group, after the merge before it
         for (rank, k), group in run.answers.items():
-            assert run.merged_before[rank, group.id] == k
+            assert run.merged_before[rank, group.id] == run.requested[rank].index(k) + 1
     assert run.steps == {r: steps for r in range(world)}, "every worker completed every step"
-    assert set(run.answers) == {(r, k) for r in range(world) for k in range(1, steps + 1)}
+    assert set(run.answers) == {(r, k) for r, asked in run.requested.items() for k in asked}
     for (rank, _), group in run.answers.items():
         assert rank in group
     for rank, ids in run.runs.items():
         assert ids == sorted(set(ids)), f"rank {rank} ran groups out of the global order {ids}"
-        assert len(ids) >= steps, f"rank {rank} averaged {len(ids)} times in {steps} steps"
+        asked = len(run.requested[rank])
+        assert len(ids) >= asked, f"rank {rank} averaged {len(ids)} times for {asked} requests"
     for gid, group in run.groups.items():
         ran = [r for r in range(world) if gid in run.runs[r]]
         assert ran == list(group.members), f"group {group} was run by {ran}"
     # Every rank runs its groups in increasing id (above): so the members two groups share
     # meet them in one order, the global one.
     stats = gg.stats
-    assert stats.requests == world * steps
+    assert stats.requests == sum(len(asked) for asked in run.requested.values())
     assert stats.groups == len(run.groups)
     assert not gg.live and not gg.waiting
     assert all(not gg.unfinished(r) for r in range(world))
@@ -210,37 +222,41 @@ def check_invariants(run: Run, world: int, steps: int, overlap: bool = False) ->
     steps=st.integers(1, 6),
     timeouts=st.booleans(),
     overlap=st.booleans(),
+    group_lag=st.sampled_from([0, 0, 1, 3]),
     lr=st.sampled_from([0.0, 0.1]),
     seed=st.integers(0, 2**16),
 )
 def test_any_speeds_and_options_every_request_is_answered_in_one_order_without_deadlock(
     world, group_size, policy, buffer, divisions, redivide_every, speeds, steps, timeouts,
-    overlap, lr, seed
+    overlap, group_lag, lr, seed
 ):
     group_size = min(group_size, world)
     divisions = min(divisions, world // group_size)
     buffer = buffer if policy == "random" else "off"
     run = simulate(world, group_size, steps=steps, speeds=speeds[:world], seed=seed,
                    timeouts=timeouts, policy=policy, buffer=buffer, divisions=divisions,
-                   redivide_every=redivide_every, overlap=overlap, lr=lr)
-    check_invariants(run, world, steps, overlap)
+                   redivide_every=redivide_every, overlap=overlap, lr=lr,
+                   group_lag=group_lag)
+    check_invariants(run, world, steps, overlap, group_lag if overlap else 0)
     if policy == "ready":
         assert run.gg.stats.conflicts == 0
     if buffer == "off":
         assert run.gg.stats.reused == 0
 
 
-@pytest.mark.parametrize("overlap", [False, True], ids=["between steps", "overlap"])
+@pytest.mark.parametrize(("overlap", "lag"), [(False, 0), (True, 0), (True, 3)],
+                         ids=["between steps", "overlap", "overlap, lag 3"])
 @pytest.mark.parametrize("options", [{"policy": "ready"}, {"buffer": "queue"}, {}],
                          ids=["ready", "paper", "random"])
-def test_eight_workers_thousands_of_groups_random_delays(options, overlap):
+def test_eight_workers_thousands_of_groups_random_delays(options, overlap, lag):
     """8 workers, one 4x slower, 800 steps each: 2000+ groups in one order, no deadlock, the
-    sum of the models conserved with lr 0, each step averaged in its answer's group."""
+    sum of the models conserved with lr 0, each request averaged in its answer's group."""
     speeds = [1.0] * 7 + [4.0]
     run = simulate(8, 3, steps=800, speeds=speeds, seed=11, timeouts=True, overlap=overlap,
-                   max_events=2_000_000, **options)
+                   max_events=2_000_000, group_lag=lag, **options)
     assert len(run.groups) >= 2000
-    check_invariants(run, 8, 800, overlap)
+    check_invariants(run, 8, 800, overlap, lag)
+    assert bool(lag) == any(len(asked) < 800 for asked in run.requested.values()), "lagged"
     spread = max(run.models) - min(run.models)
     assert spread < 1e-6, "with lr 0 the models reach consensus"
 

@@ -112,8 +112,9 @@ def test_a_group_of_one_is_run_like_any_other():
 # Overlap: P-Reduces beside the compute.
 
 
-def _overlapped(first_iteration: int = 1) -> PragueWorkerCore:
-    return PragueWorkerCore(rank=0, world=5, first_iteration=first_iteration, overlap=True)
+def _overlapped(first_iteration: int = 1, group_lag: int = 0) -> PragueWorkerCore:
+    return PragueWorkerCore(rank=0, world=5, first_iteration=first_iteration, overlap=True,
+                            group_lag=group_lag)
 
 
 def test_overlap_merges_requests_and_steps_at_once_then_reduces_beside_the_step():
@@ -177,6 +178,48 @@ def test_overlap_last_step_leaves_after_its_group_and_the_queue_with_a_final_mer
     assert core.state is WorkerState.DONE
 
 
+# Group lag: steps on past a group not done yet.
+
+
+def test_a_group_lag_steps_on_past_the_unfinished_group_then_waits_at_the_bound():
+    core = _overlapped(group_lag=2)
+    core.handle(StepFinished(iteration=1))
+    assert core.handle(StepFinished(iteration=2)) == [StartStep(iteration=3)]  # no answer yet
+    assert core.handle(GroupAssigned(group=MINE, answers_request=True)) == [RunPReduce(group=MINE)]
+    assert core.handle(StepFinished(iteration=3)) == [StartStep(iteration=4)]  # MINE runs
+    assert core.handle(StepFinished(iteration=4)) == []  # two steps on: it waits
+    assert core.state is WorkerState.SYNCING
+    assert core.handle(PReduceFinished(group_id=3)) == [
+        ReportFinished(group_id=3), MergeModels(), RequestGroup(rank=0, iteration=4, last=False),
+        StartStep(iteration=5)]
+
+
+def test_a_group_lag_starts_afresh_once_a_step_ends_with_its_group_done():
+    core = _overlapped(group_lag=1)
+    core.handle(StepFinished(iteration=1))
+    assert core.handle(StepFinished(iteration=2)) == [StartStep(iteration=3)]
+    core.handle(GroupAssigned(group=MINE, answers_request=True))
+    core.handle(PReduceFinished(group_id=3))
+    assert core.handle(StepFinished(iteration=3))[1:] == [
+        RequestGroup(rank=0, iteration=3, last=False), StartStep(iteration=4)]
+    assert core.handle(StepFinished(iteration=4)) == [StartStep(iteration=5)]  # lags again
+
+
+def test_a_group_lag_never_passes_the_last_step():
+    core = _overlapped(group_lag=3)
+    core.handle(StepFinished(iteration=1))
+    assert core.handle(StepFinished(iteration=2, last=True)) == []
+    core.handle(GroupAssigned(group=MINE, answers_request=True))
+    assert core.handle(PReduceFinished(group_id=3))[1:] == [
+        MergeModels(), RequestGroup(rank=0, iteration=2, last=True)]
+
+
+@pytest.mark.parametrize(("lag", "overlap"), [(-1, True), (1, False)])
+def test_a_group_lag_needs_overlap_and_is_not_negative(lag, overlap):
+    with pytest.raises(ValueError, match="group_lag"):
+        PragueWorkerCore(rank=0, world=2, overlap=overlap, group_lag=lag)
+
+
 @pytest.mark.parametrize(
     ("events", "error", "match"),
     [
@@ -218,13 +261,14 @@ def test_bad_rank_and_bare_protocol_errors_are_rejected():
         ProtocolError("whose fault?")
 
 
-@pytest.mark.parametrize(("options", "overlap"), [
-    ({}, True), ({"overlap": False}, False), ({"schedule": "static"}, False),
+@pytest.mark.parametrize(("options", "overlap", "lag"), [
+    ({}, True, 0), ({"group_lag": 2}, True, 2), ({"overlap": False}, False, 0),
+    ({"schedule": "static"}, False, 0),
 ])
-def test_both_engines_build_the_core_from_the_run_options(options, overlap):
+def test_both_engines_build_the_core_from_the_run_options(options, overlap, lag):
     config = RunConfig(protocol="prague", workers=4, workload="svm", **options)
     core = PragueWorkerCore.of_run(config, 3, 4)
-    assert (core.rank, core.overlap) == (3, overlap)
+    assert (core.rank, core.overlap, core.group_lag) == (3, overlap, lag)
 
 
 # Reporting a finished group with the next request (the `ready` policy).

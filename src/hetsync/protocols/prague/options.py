@@ -47,6 +47,11 @@ class Options:
                            "step's compute (averages land one step late)")
     """As D-PSGD's; measured sooner to the target, and 94-97 % of the ideal throughput against
     78-86 % between steps; the static schedule ignores it."""
+    group_lag: int = option(0, at_least=0, help="Prague, --overlap: steps a worker may run on "
+                            "past its previous group before it waits for it (no merge, no "
+                            "request meanwhile)")
+    """0 waits a step later, as D-PSGD; with a slow member, a lag keeps its partners computing
+    (PragueWorkerCore's module doc)."""
     workers_per_node: int | None = option(None, default_text="the power-of-two schedule",
                                           help="Prague, --schedule static: node size "
                                           "(node-aware schedule)")
@@ -65,6 +70,9 @@ def check(config: RunOptions) -> None:
     if not 1 <= config.group_size <= config.workers:
         raise ConfigError(f"--group-size must be in 1..{config.workers} (the number of "
                           f"workers) (got {config.group_size})")
+    if config.group_lag and (not config.overlap or config.schedule == "static"):
+        raise ConfigError("--group-lag applies to P-Reduces beside the compute (--overlap, "
+                          "with the Group Generator): drop --no-overlap or --schedule static")
     if config.schedule == "static":
         per_node = config.workers_per_node
         if per_node is not None and per_node < 1:

@@ -1,9 +1,9 @@
 """Prague's named variants (`hetsync.protocols.variant`): its policies, the paper's loop, and
 every option that changes who waits for whom.
 
-Prague's default P-Reduces beside the next step (`--overlap`); `prague-no-overlap` and
-`prague-paper` run them between steps (`--no-overlap`), the paper's loop, which has its own
-worker core.
+Prague's default P-Reduces beside the next step (`--overlap`); `prague-lag` steps on past a
+group a slow member holds up (`--group-lag`); `prague-no-overlap` and `prague-paper` run them
+between steps (`--no-overlap`), the paper's loop, which has its own worker core.
 """
 
 from hetsync.protocols.variant import NamedVariant
@@ -22,6 +22,8 @@ VARIANTS = (
     # The default: groups of ready workers, P-Reduces beside the next step's compute.
     NamedVariant("prague", description=OVERLAPPED.format("ready groups"), default=True,
                  conserving=True, fault_fuzz=True),
+    NamedVariant("prague-lag", {"group_lag": 4}, OVERLAPPED.format(
+        "ready groups, up to 4 steps on past a group not done"), conserving=True),
     NamedVariant("prague-no-overlap", {"overlap": False}, "Prague's ready groups, P-Reduce "
                  "between steps (the default before issue 15)", fuzz=False, fault_fuzz=True),
     NamedVariant("prague-static", {"schedule": "static"}, OVERLAPPED.format("static schedule"),

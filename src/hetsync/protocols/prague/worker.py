@@ -34,7 +34,16 @@ and the next step starts without waiting for the answer; the step after it waits
 answer's group is done (and no P-Reduce runs, so that `c` is not read half-averaged), then
 merges. So each step's model is averaged exactly as without overlap, but the gradient of step
 k+1 is taken at x_k before its average: the average lands one step late (x_{k+1} = avg(x_k) +
-update(x_k)). Groups assigned by others run as soon as they come, in id order, whatever the
+update(x_k)).
+
+Group lag (`group_lag=L`, `--group-lag`, overlap only): a step that ends before the previous
+answer's group is done (a slow member, a late answer) does not wait for it, up to L steps in a
+row: the next step starts with no merge and no request, and that step's update reaches the
+model's next average with the merge after it (x - s holds every update since the handover).
+A slow member then holds back only its own groups, not its partners' compute; what they lose
+is the averages they would have waited for, which a fast worker paired with no one (a group
+of one while the slow one computes) does not have either. L = 0 is the wait above; a `last`
+step always waits. Groups assigned by others run as soon as they come, in id order, whatever the
 step does. A `last` step is merged, requested, and left once its answer's group and every
 queued group are done, with a final merge. Groups assigned before the first merge wait for
 it: the copy is made there, from the model the training loop has then (possibly loaded).
@@ -187,13 +196,18 @@ class PragueWorkerCore(Core[object, Decision]):
         """Rank `rank`'s core in a run with the Group Generator (`--overlap`: P-Reduces beside
         the compute; a static schedule has none; the `ready` policy: finished groups reported
         with the next request): the one recipe the driver and the simulation share."""
-        return cls(rank, world, overlap=options.overlap and options.schedule != "static",
-                   report_with_request=options.gg_policy == "ready")
+        overlap = options.overlap and options.schedule != "static"
+        return cls(rank, world, overlap=overlap, report_with_request=options.gg_policy == "ready",
+                   group_lag=options.group_lag if overlap else 0)
 
     def __init__(self, rank: int, world: int, first_iteration: int = 1,
-                 overlap: bool = False, report_with_request: bool = False) -> None:
+                 overlap: bool = False, report_with_request: bool = False,
+                 group_lag: int = 0) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"Arg `rank` must be in 0..{world - 1} (got {rank})")
+        if group_lag < 0 or (group_lag and not overlap):
+            raise ValueError(f"Arg `group_lag` must be >= 0, and 0 without overlap (got "
+                             f"{group_lag}, overlap {overlap})")
         self.rank = rank
         self.state = WorkerState.COMPUTING
         self._iteration = first_iteration
@@ -209,6 +223,8 @@ class PragueWorkerCore(Core[object, Decision]):
         self._handed_over = False  # overlap: no P-Reduce before the first merge (no copy yet)
         self.report_with_request = report_with_request
         self._held: int | None = None  # a finished group not reported yet (see the module doc)
+        self.group_lag = group_lag
+        self._lagging = 0  # overlap: steps started in a row past an unfinished answer's group
 
     @property
     def iteration(self) -> int:
@@ -325,11 +341,19 @@ class PragueWorkerCore(Core[object, Decision]):
 
     def _next_overlapped(self) -> list[Decision]:
         """With overlap: merge and request (then step, or leave at the end) once the previous
-        answer's group is done and no P-Reduce runs; then start the next queued group."""
+        answer's group is done and no P-Reduce runs, or step on without them while the group
+        lag allows; then start the next queued group."""
         decisions: list[Decision] = []
         settled = (self._running is None and not self._awaiting_answer
                    and self._answer is None)
-        if self.state is WorkerState.SYNCING and settled:
+        if (self.state is WorkerState.SYNCING and not settled and not self._last
+                and self._lagging < self.group_lag):
+            self._lagging += 1
+            self._iteration += 1
+            self.state = WorkerState.COMPUTING
+            decisions.append(StartStep(iteration=self._iteration))
+        elif self.state is WorkerState.SYNCING and settled:
+            self._lagging = 0
             if not self._requested_last:
                 decisions.append(MergeModels())
                 self._handed_over = True
