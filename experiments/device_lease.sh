@@ -31,7 +31,7 @@ T0=$(date +%s)
 say() { echo "== $(( $(date +%s) - T0 )) s: $*"; }
 PROTOCOLS="allreduce ddp dpsgd hop adpsgd ps prague localsgd"
 GPU_VARIANTS=${GPU_VARIANTS:-allreduce,prague-pairs,adpsgd,hop-skip}
-REAL_VARIANTS=${REAL_VARIANTS:-adpsgd,hop-stale-skip,prague}
+REAL_VARIANTS=${REAL_VARIANTS:-adpsgd,hop-stale-skip,prague,prague-lag}
 REAL_WORKLOAD=${REAL_WORKLOAD:-resnet}
 MAX_TIME=${MAX_TIME:-10}
 STEPS=${STEPS:-correctness gpu real}  # which of the steps below to run, in this order

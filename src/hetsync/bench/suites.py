@@ -299,7 +299,7 @@ def _pairs(label: str, about: str) -> Variant:
 #: Hop with staleness and skipping beside its default.
 _PAIRS = (
     _pairs("prague", OVERLAPPED.format("ready pairs")),
-    _pairs("prague-lag", OVERLAPPED.format("ready pairs, up to 4 steps on past a pair not done")),
+    _pairs("prague-lag", OVERLAPPED.format("ready pairs, up to 12 steps on past a pair not done")),
     _pairs("prague-paper", "the Prague paper's loop with pairs: random groups, Group Buffer, "
            "P-Reduce between steps"),
 )

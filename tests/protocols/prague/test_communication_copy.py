@@ -29,7 +29,7 @@ def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
 def _run(tensors: list[torch.Tensor], preduces: list[int]) -> list[torch.Tensor]:
     """Hand over, then per entry of `preduces`: a local update, that many stand-in
     P-Reduces (the mean with another member's buffer), a merge; the model after each merge,
-    checked against x <- c + (x - s) computed apart."""
+    checked against x <- c + (x - s) computed apart (x itself after none)."""
     copy, link = CommunicationCopy(), Link.default()
     generator = torch.Generator().manual_seed(1)
     copy.merge(link, tensors)
@@ -45,7 +45,8 @@ def _run(tensors: list[torch.Tensor], preduces: list[int]) -> list[torch.Tensor]
             torch.add(source, other, out=out).div_(2)
             average = (average + other) / 2
             assert torch.equal(out, average)
-        expected = (_flat(tensors) - handed) + average
+        # where nothing was averaged, x stays as it is (x - s + s would only round)
+        expected = (_flat(tensors) - handed) + average if count else _flat(tensors)
         copy.merge(link, tensors)
         assert torch.equal(_flat(tensors), expected)
         handed = _flat(tensors)
@@ -81,3 +82,19 @@ def test_with_no_update_and_no_average_a_merge_changes_nothing():
     for _ in range(3):
         copy.merge(link, tensors)
         assert all(torch.equal(a, b) for a, b in zip(tensors, before, strict=True))
+
+
+@pytest.mark.parametrize("laid_out", [True, False])
+def test_a_merge_with_nothing_averaged_keeps_the_updated_model_bit_for_bit(laid_out):
+    """A group of one (or none) since the handover: the merge only hands the model over, so
+    the local updates are kept exactly, not as (x - s) + s."""
+    tensors = _model(torch.bfloat16, laid_out)
+    copy, link = CommunicationCopy(), Link.default()
+    copy.merge(link, tensors)
+    for t in tensors:
+        t.add_(torch.full_like(t, 1e-3))  # small against x: x - s + s would round it away
+    after = [t.clone() for t in tensors]
+    copy.merge(link, tensors)
+    assert all(torch.equal(a, b) for a, b in zip(tensors, after, strict=True))
+    source, _ = copy.preduce_buffers()
+    assert torch.equal(source, _flat(after))

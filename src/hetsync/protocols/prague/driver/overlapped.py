@@ -41,11 +41,12 @@ class CommunicationCopy:
     which folds it into the model: x <- c + (x - s), then s = x, handed over again.
 
     The first P-Reduce after a handover averages s into c (out of place: s needs no copy
-    of its own for it), the next ones c in place; where none ran, c stands for s (a merge
-    then adds back what it took away: x <- s + (x - s)). So a merge writes x and s, not c as
-    well: one model-sized pass fewer than c = s = x (a 45 MB model's copy is 5-10 ms). The
-    buffers are reused merge after merge (a new one is fresh pages to fault in, see
-    `Link.flat`)."""
+    of its own for it), the next ones c in place; where none ran (a group of one, or none
+    since the handover) c stands for s and x is left as it is (x <- s + (x - s) would only
+    round), so the merge is the handover's copy alone. So a merge writes x and s, not c as
+    well: one model-sized pass fewer than c = s = x (a 45 MB model's copy is 5-10 ms), and
+    two fewer again where nothing was averaged. The buffers are reused merge after merge (a
+    new one is fresh pages to fault in, see `Link.flat`)."""
 
     def __init__(self) -> None:
         self._handed: torch.Tensor | None = None
@@ -69,32 +70,30 @@ class CommunicationCopy:
 
     def merge(self, link: Link, tensors: list[torch.Tensor]) -> None:
         """Merge (no P-Reduce may run) and hand the model over. A model laid out in one buffer
-        on the wire (hetsync.transport.contiguous) is merged in place: three passes over it;
-        in pieces, or off the wire device, through a copy: four. The same arithmetic, bit
-        for bit."""
+        on the wire (hetsync.transport.contiguous) is merged in place: three passes over it
+        (one if nothing was averaged); in pieces, or off the wire device, through a copy: four
+        (one). The same arithmetic, bit for bit."""
         whole = span(tensors)
         if whole is None or whole.device != link.device:
             self._merge_through_copy(link, tensors)
             return
-        if self._handed is not None:
+        if self._averaged:
+            assert self._handed is not None and self._comm is not None
             with torch.no_grad():
-                whole.sub_(self._handed).add_(self._average())  # exact with lr 0
+                whole.sub_(self._handed).add_(self._comm)  # exact with lr 0
         self._handed = link.flat([whole], out=self._handed)
         self._averaged = False
 
     def _merge_through_copy(self, link: Link, tensors: list[torch.Tensor]) -> None:
         """The new x is made in the spare buffer, which becomes s."""
         flat = link.flat(tensors, out=self._spare)
-        if self._handed is not None:
-            flat.sub_(self._handed).add_(self._average())  # exact with lr 0
+        if self._averaged:
+            assert self._handed is not None and self._comm is not None
+            flat.sub_(self._handed).add_(self._comm)  # exact with lr 0
             with torch.no_grad():
                 link.unpack_into(flat, tensors)
         self._spare, self._handed = self._handed, flat
         self._averaged = False
-
-    def _average(self) -> torch.Tensor:
-        assert self._handed is not None
-        return self._comm if self._averaged and self._comm is not None else self._handed
 
 
 class OverlappedGroups(RandomGroups):
