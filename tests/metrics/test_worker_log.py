@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import torch
 from torch import nn
@@ -51,3 +52,22 @@ def test_a_snapshot_loads_and_leaves_torch_save_s_checksum_as_it_was(tmp_path):
     saved = torch.load(snapshot_path(tmp_path, 0, 0))
     assert torch.equal(saved["state"]["weight"], model.weight.detach())
     assert serialization_config.save.compute_crc32
+
+
+def test_the_indexes_slept_through_exist_before_the_first_of_them(tmp_path, monkeypatch):
+    """They are links of one file, made before it is renamed into place: an evaluator that
+    drops the first index as soon as its set is complete cannot take the file from under
+    the links (it would, were they made after)."""
+    model = nn.Linear(3, 1)
+    snaps = Snapshotter(tmp_path, rank=0, every=1.0)
+    seen = []
+    real_replace = os.replace
+
+    def replace(src, dst):
+        seen.append([snapshot_path(tmp_path, i, 0).exists() for i in (0, 1, 2)])
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    snaps.maybe_snapshot(model, elapsed=2.5, iteration=4)
+    assert seen[-1] == [False, True, True]
+    assert all(snapshot_path(tmp_path, i, 0).exists() for i in (0, 1, 2))

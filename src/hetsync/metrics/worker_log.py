@@ -95,11 +95,8 @@ class Snapshotter:
         due = int(elapsed // self.every)
         if due < self._next_index:
             return
-        first = self._write(model, self._next_index, iteration, elapsed)
-        for index in range(self._next_index + 1, due + 1):
-            target = snapshot_path(self.run_dir, index, self.rank)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.link(first, target)
+        self._write(model, self._next_index, iteration, elapsed,
+                    also=range(self._next_index + 1, due + 1))
         self._next_index = due + 1
 
     def resume(self, elapsed: float) -> None:
@@ -110,7 +107,10 @@ class Snapshotter:
     def final(self, model: nn.Module, elapsed: float, iteration: int) -> None:
         self._write(model, "final", iteration, elapsed)
 
-    def _write(self, model: nn.Module, index: int | str, iteration: int, elapsed: float) -> Path:
+    def _write(self, model: nn.Module, index: int | str, iteration: int, elapsed: float,
+               also: range = range(0)) -> None:
+        """Snapshot `index`, and the indexes `also` as hard links of it, made before `index`
+        appears: the evaluator may take a complete set, and drop it, as soon as it does."""
         target = snapshot_path(self.run_dir, index, self.rank)
         target.parent.mkdir(parents=True, exist_ok=True)
         # No copy on the CPU: torch.save writes the tensors as they are (a clone of a 45 MB
@@ -123,4 +123,7 @@ class Snapshotter:
         with replacing(target) as partial, serialization_config.patch(
                 {"save.compute_crc32": False}):
             torch.save({"iteration": iteration, "t": elapsed, "state": state}, partial)
-        return target
+            for other in also:
+                link = snapshot_path(self.run_dir, other, self.rank)
+                link.parent.mkdir(parents=True, exist_ok=True)
+                os.link(partial, link)
