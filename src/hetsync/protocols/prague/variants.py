@@ -23,7 +23,8 @@ VARIANTS = (
     NamedVariant("prague", description=OVERLAPPED.format("ready groups"), default=True,
                  conserving=True, fault_fuzz=True),
     NamedVariant("prague-lag", {"group_lag": 12}, OVERLAPPED.format(
-        "ready groups, up to 12 steps on past a group not done"), conserving=True),
+        "ready groups, up to 12 steps on past a group not done"), conserving=True,
+        fault_fuzz=True),
     NamedVariant("prague-no-overlap", {"overlap": False}, "Prague's ready groups, P-Reduce "
                  "between steps (the default before issue 15)", fuzz=False, fault_fuzz=True),
     NamedVariant("prague-static", {"schedule": "static"}, OVERLAPPED.format("static schedule"),
