@@ -34,7 +34,10 @@ and the next step starts without waiting for the answer; the step after it waits
 answer's group is done (and no P-Reduce runs, so that `c` is not read half-averaged), then
 merges. So each step's model is averaged exactly as without overlap, but the gradient of step
 k+1 is taken at x_k before its average: the average lands one step late (x_{k+1} = avg(x_k) +
-update(x_k)).
+update(x_k)). Groups assigned by others run as soon as they come, in id order, whatever the
+step does. A `last` step is merged, requested, and left once its answer's group and every
+queued group are done, with a final merge. Groups assigned before the first merge wait for
+it: the copy is made there, from the model the training loop has then (possibly loaded).
 
 Group lag (`group_lag=L`, `--group-lag`, overlap only): a step that ends before the previous
 answer's group is done (a slow member, a late answer) does not wait for it, up to L steps in a
@@ -43,10 +46,7 @@ model's next average with the merge after it (x - s holds every update since the
 A slow member then holds back only its own groups, not its partners' compute; what they lose
 is the averages they would have waited for, which a fast worker paired with no one (a group
 of one while the slow one computes) does not have either. L = 0 is the wait above; a `last`
-step always waits. Groups assigned by others run as soon as they come, in id order, whatever the
-step does. A `last` step is merged, requested, and left once its answer's group and every
-queued group are done, with a final merge. Groups assigned before the first merge wait for
-it: the copy is made there, from the model the training loop has then (possibly loaded).
+step always waits.
 
 Errors: an event the driver should not feed now (a step never started, a P-Reduce never run)
 raises `LocalProtocolError`; a GG message that breaks the protocol (a group without this rank,
