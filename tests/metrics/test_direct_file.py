@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hetsync.metrics.direct_file import DirectFile
+from hetsync.metrics.direct_file import DIRECT_FROM, DirectFile
 
 
 def _state(n: int) -> dict[str, torch.Tensor]:
@@ -26,7 +26,8 @@ def _check(path: Path, state: dict[str, torch.Tensor]) -> None:
 def _images_load_back(folder: Path) -> None:
     image = DirectFile(size_hint=100)  # too small at first: it grows
     path = folder / "snap.pt"
-    for n in (300_000, 5, 1_000_003):  # bigger, then smaller over it, then bigger again
+    big = DIRECT_FROM // 4 + 1000  # float32s: an image past the page cache
+    for n in (big, 5, 3 * big):  # bigger, then smaller over it, then bigger again
         state = _state(n)
         image.rewind()
         torch.save(state, image)
@@ -52,7 +53,23 @@ def test_where_o_direct_is_refused_the_page_cache_takes_the_write(tmp_path, monk
 
     monkeypatch.setattr(os, "open", no_direct)
     _images_load_back(tmp_path)
-    assert len(refused) == 3
+    assert len(refused) == 2  # the small image did not ask
+
+
+def test_only_an_image_of_direct_from_bytes_or_more_asks_for_o_direct(tmp_path, monkeypatch):
+    real_open, asked = os.open, []
+
+    def spy(path, flags, *args):
+        asked.append(bool(flags & os.O_DIRECT))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", spy)
+    for n in (DIRECT_FROM // 4 - 1000, DIRECT_FROM // 4 + 1000):
+        image = DirectFile()
+        torch.save(_state(n), image)
+        image.save(tmp_path / f"{n}.pt")
+        _check(tmp_path / f"{n}.pt", _state(n))
+    assert asked == [True]  # the small image went through the page cache (no os.open)
 
 
 def test_a_failure_other_than_a_refused_o_direct_is_raised(tmp_path):
