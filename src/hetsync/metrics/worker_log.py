@@ -4,8 +4,8 @@ Both stay off the critical path: log rows are buffered and flushed about once a 
 snapshot is one `torch.save` of the state dict every `eval_every` seconds (evaluated by another
 process). A worker that was blocked across several snapshot times writes each missing one as a
 hard link of the same file, so every snapshot index exists for every rank. A snapshot is
-serialized into memory the worker keeps and written past the page cache
-(hetsync.metrics.direct_file): a new file's fresh pages were most of its cost.
+serialized into memory the worker keeps and, from 4 MiB, written past the page cache
+(hetsync.metrics.direct_file): a new file's fresh pages were most of a large one's cost.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class Snapshotter:
         with serialization_config.patch({"save.compute_crc32": False}):
             torch.save({"iteration": iteration, "t": elapsed, "state": state}, self._image)
         with replacing(target) as partial:
-            self._image.save(partial)  # past the page cache: see hetsync.metrics.direct_file
+            self._image.save(partial)  # a large one past the page cache (direct_file)
             for other in also:
                 link = snapshot_path(self.run_dir, other, self.rank)
                 link.parent.mkdir(parents=True, exist_ok=True)
