@@ -260,7 +260,9 @@ class SyncOptimizer(torch.optim.Optimizer):
 
         A collective: every rank calls it, after the training loop (`iterate()` has ended or
         `close()` was called). Floating-point parameters and buffers (BatchNorm statistics)
-        are averaged; integer buffers (batch counters) are this worker's.
+        are averaged; integer buffers (batch counters) are this worker's. Averaged BatchNorm
+        statistics are not the averaged weights' own: recompute them before evaluating, as
+        for any averaged model (`torch.optim.swa_utils.update_bn(loader, model)`).
         """
         if not self._closed:
             raise RuntimeError(

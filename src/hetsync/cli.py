@@ -59,6 +59,9 @@ _RUN_HELP = {
     "label": "name of the run in plots and tables",
     "eval_every": "seconds between evaluated model snapshots",
     "eval_samples": "held-out samples used to evaluate each worker's own model",
+    "eval_bn": "BatchNorm statistics of an evaluated average of models (the consensus): "
+    "recompute (from 1024 training samples, as torch.optim.swa_utils.update_bn; an average's "
+    "own are not the average of the workers') or saved (the workers' averaged)",
     "hang_timeout": "seconds without progress after which a worker is reported as hung",
     "backend": "auto (NCCL where each local worker's model has a GPU of its own, else gloo), "
     "gloo or nccl",

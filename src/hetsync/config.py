@@ -45,6 +45,7 @@ _CHOICES = {
     "backend": BACKENDS,
     "device": DEVICES,
     "on_failure": ("stop", "continue"),
+    "eval_bn": ("recompute", "saved"),
 }
 
 
@@ -84,6 +85,9 @@ class _RunOptions:
     """Seconds between model snapshots evaluated off the critical path."""
     eval_samples: int = 2000
     """Held-out samples used to evaluate each worker's own model (consensus models: all)."""
+    eval_bn: str = "recompute"
+    """An averaged model's BatchNorm statistics when it is evaluated: recomputed from training
+    samples, or the average of the workers' (hetsync.metrics.evaluator's module doc)."""
     hang_timeout: float = 20.0
     """A worker without progress this long is reported as hung."""
     backend: str = "auto"

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from hetsync.metrics import evaluator as evaluator_module
-from hetsync.metrics.evaluator import Evaluator
+from hetsync.metrics.evaluator import Evaluator, WorkloadMeasure, has_batchnorm
 from hetsync.metrics.summary import time_to_target
 from hetsync.metrics.worker_log import snapshot_path
+from hetsync.workloads import get_workload
 
 
 def _snapshot(run_dir, index, loss, world=2, iteration=None):
@@ -28,9 +29,11 @@ def _snapshot(run_dir, index, loss, world=2, iteration=None):
 class LossIsW:
     def __init__(self):
         self.calls = 0
+        self.averaged: list[bool] = []
 
-    def __call__(self, state, subset):
+    def __call__(self, state, subset, averaged=False):
         self.calls += 1
+        self.averaged.append(averaged)
         return float(state["w"]), None
 
 
@@ -121,3 +124,47 @@ def test_a_final_set_equal_to_the_newest_is_not_measured_again(tmp_path, final_l
     rows = _rows(tmp_path)
     assert [r["model"] for r in rows] == ["consensus", "final"]
     assert [r["loss"] for r in rows] == pytest.approx([0.5, final_loss])
+
+
+def test_averages_are_measured_as_averages_and_workers_models_as_their_own(tmp_path):
+    """The consensus and final sets are averages (their BatchNorm statistics recomputed); a
+    worker's own model is measured with its own."""
+    measure = LossIsW()
+    evaluator = Evaluator(tmp_path, 2, measure, per_worker=True)
+    _snapshot(tmp_path, 0, 0.5)
+    _snapshot(tmp_path, "final", 0.4, iteration=4)
+    evaluator.finish()
+    models = [r["model"] for r in _rows(tmp_path)]
+    assert models == ["consensus", "rank0", "rank1", "final"]
+    assert measure.averaged == [True, False, False, True]
+
+
+def _with_running_stats(state, scale):
+    """`state` with every BatchNorm running variance multiplied by `scale` and its means
+    shifted: statistics that belong to no weights."""
+    return {k: v * scale if k.endswith("running_var") else
+            v + scale if k.endswith("running_mean") else v for k, v in state.items()}
+
+
+def test_an_averaged_models_batchnorm_statistics_are_recomputed_from_training_data():
+    """Measured as an average, a ResNet's loss does not depend on the statistics it came with
+    (they are recomputed, as torch.optim.swa_utils.update_bn does); as a worker's own model,
+    or with `recompute_bn` off, the statistics it has are used."""
+    workload = get_workload("resnet")
+    torch.manual_seed(0)
+    state = workload.build_model().state_dict()
+    wrong = _with_running_stats(state, 4.0)
+    measure = WorkloadMeasure(workload, 500)
+    assert has_batchnorm(measure.model) and measure.bn_batches
+    assert sum(len(b) for b in measure.bn_batches) == evaluator_module.BN_SAMPLES
+    recomputed = measure(wrong, subset=True, averaged=True)
+    assert measure(state, subset=True, averaged=True) == recomputed
+    as_saved = measure(wrong, subset=True)
+    assert as_saved != recomputed
+    saved_only = WorkloadMeasure(workload, 500, recompute_bn=False)
+    assert not saved_only.bn_batches
+    assert saved_only(wrong, subset=True, averaged=True) == as_saved
+
+
+def test_a_model_without_batchnorm_has_nothing_recomputed():
+    assert not WorkloadMeasure(get_workload("svm"), 100).bn_batches

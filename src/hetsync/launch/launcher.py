@@ -350,6 +350,7 @@ def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,
     evaluator = Evaluator.for_workload(
         run_dir, get_workload(config.workload), config.workers, config.eval_samples,
         data_dir=config.data_dir, device=config.device, keep_snapshots=config.keep_snapshots,
+        recompute_bn=config.eval_bn == "recompute",
         on_consensus=stop_at_target(config, partial(control.set, STOP_KEY)),
         target_loss=config.target_loss,
     )

@@ -119,7 +119,7 @@ def run_under_torchrun(config: RunConfig) -> None:
             evaluator = Evaluator.for_workload(
                 out, get_workload(config.workload), runtime.world_size, config.eval_samples,
                 data_dir=config.data_dir, device=str(runtime.device),
-                keep_snapshots=config.keep_snapshots,
+                recompute_bn=config.eval_bn == "recompute", keep_snapshots=config.keep_snapshots,
             )
             evaluator.finish(every_set=True)
             write_summary(out, summarize(out, config, opt.stop_reason))

@@ -52,7 +52,11 @@ class ScriptMeasure:
         self.model = copy.deepcopy(template)
         self.evaluate = evaluate
 
-    def __call__(self, state: dict[str, torch.Tensor], subset: bool) -> tuple[float, float | None]:
+    def __call__(self, state: dict[str, torch.Tensor], subset: bool,
+                 averaged: bool = False) -> tuple[float, float | None]:
+        """`averaged` changes nothing: the script's function gets the average as it is (its
+        BatchNorm statistics averaged too; it may recompute them, as
+        `torch.optim.swa_utils.update_bn` does, from data only the script has)."""
         self.model.load_state_dict(state)
         self.model.eval()
         with torch.no_grad():
