@@ -12,6 +12,7 @@ import pytest
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.metrics.summary import read_jsonl
+from hetsync.protocols.prague.options import GROUP_SIZE, group_generator
 from hetsync.workloads.datasets import FASHION_MNIST_DIRS
 
 pytestmark = pytest.mark.integration
@@ -157,3 +158,15 @@ def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
 def test_bad_options_are_refused_before_anything_starts(options, match):
     with pytest.raises(ConfigError, match=match):
         RunConfig(protocol="prague", workers=8, **options).validate()
+
+
+@pytest.mark.parametrize(("workers", "given", "size"),
+                         [(2, None, 2), (1, None, 1), (8, None, GROUP_SIZE), (8, 4, 4)])
+def test_the_default_group_size_fits_the_workers(workers, given, size):
+    """`--workers 2` runs in pairs without `--group-size` (the default is not refused); a
+    size given is taken as it is, and refused where too big."""
+    config = RunConfig(protocol="prague", workers=workers, group_size=given).validate()
+    assert group_generator(config).group_size == size
+    with pytest.raises(ConfigError, match=r"--group-size must be in 1\.\.2 \(the number of "
+                       r"workers\) \(got 3\)"):
+        RunConfig(protocol="prague", workers=2, group_size=3).validate()

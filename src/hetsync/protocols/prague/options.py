@@ -15,7 +15,11 @@ from hetsync.protocols.prague.static_schedule import static_schedule, validate_p
 if TYPE_CHECKING:
     from hetsync.protocols.run_options import RunOptions
 
-__all__ = ["PREDUCE_KINDS", "Options", "check", "group_generator", "tolerate_loss"]
+__all__ = ["GROUP_SIZE", "PREDUCE_KINDS", "Options", "check", "group_generator", "group_size",
+           "tolerate_loss"]
+
+GROUP_SIZE = 3
+"""Workers per group unless `--group-size` says (the paper does not give its value)."""
 
 #: The P-Reduce implementations (`--preduce`; hetsync.transport.preduce builds them).
 PREDUCE_KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
@@ -23,7 +27,9 @@ PREDUCE_KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 
 @dataclass
 class Options:
-    group_size: int = option(3, at_least=1, help="Prague: workers per group")
+    group_size: int | None = option(None, at_least=1, default_text=f"{GROUP_SIZE}, or every "
+                                    "worker where there are fewer",
+                                    help="Prague: workers per group")
     schedule: str = option("random", choices=("random", "static"), help="Prague: random (Group "
                            "Generator) or static (fixed periodic partitions)")
     gg_policy: str = option("ready", choices=POLICIES, help="Prague: ready (groups of waiting "
@@ -57,17 +63,24 @@ class Options:
                                           "(node-aware schedule)")
 
 
+def group_size(config: RunOptions) -> int:
+    """Workers per group: `--group-size`, else `GROUP_SIZE` where there are that many workers
+    (two workers run in pairs, not refused)."""
+    given = config.group_size
+    return given if given is not None else min(GROUP_SIZE, config.workers)
+
+
 def group_generator(config: RunOptions) -> GroupGeneratorCore:
     """The Group Generator's core for `config` (seeded by the run's seed)."""
     return GroupGeneratorCore(
-        config.workers, config.group_size, random.Random(f"prague/{config.seed}"),
+        config.workers, group_size(config), random.Random(f"prague/{config.seed}"),
         policy=config.gg_policy, buffer=config.group_buffer_mode if config.group_buffer else "off",
         divisions=config.group_division,
     )
 
 
 def check(config: RunOptions) -> None:
-    if not 1 <= config.group_size <= config.workers:
+    if not 1 <= group_size(config) <= config.workers:
         raise ConfigError(f"--group-size must be in 1..{config.workers} (the number of "
                           f"workers) (got {config.group_size})")
     if config.group_lag and (not config.overlap or config.schedule == "static"):
