@@ -3,7 +3,6 @@ child process that allocates as a worker would)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -63,29 +62,3 @@ def test_malloc_keeps_freed_memory_unless_the_user_chose_their_own(monkeypatch, 
     env = _environment()
     assert {name: env.get(name) for name in MALLOC_VARIABLES} == {
         name: ("x" if name == chosen else None) for name in MALLOC_VARIABLES}
-
-
-def _faults_of_a_fresh_64_mb_tensor(env: dict[str, str]) -> int:
-    """Page faults a child takes to fill a 64 MB tensor allocated where a freed one was, as a
-    backward pass's gradients are every step."""
-    code = ("import resource, torch\n"
-            "torch.ones(16 << 20)\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-            "torch.ones(16 << 20)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True, timeout=120)
-    return int(done.stdout.split()[-1])
-
-
-@pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="not glibc")
-def test_a_workers_fresh_tensor_reuses_freed_memory_without_faults(monkeypatch):
-    """The settings do what they are there for, with this machine's glibc: a worker's second
-    64 MB tensor takes the first one's memory, faulted in already; without them, glibc maps
-    it anew and the kernel faults and zeroes it again."""
-    for name in (*MALLOC_VARIABLES, "GLIBC_TUNABLES", "LD_PRELOAD"):
-        monkeypatch.delenv(name, raising=False)
-    env = _environment()
-    assert _faults_of_a_fresh_64_mb_tensor(env) < 8
-    plain = {name: value for name, value in env.items() if name not in MALLOC_VARIABLES}
-    assert _faults_of_a_fresh_64_mb_tensor(plain) >= 16  # 32 huge pages, or 16,384 small

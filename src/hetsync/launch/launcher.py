@@ -34,6 +34,7 @@ from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
 from hetsync.launch.cpu_placement import CpuPlacement
+from hetsync.launch.malloc_settings import child_environment, keep_freed_memory
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
 from hetsync.metrics.evaluator import Evaluator, WorkloadMeasure
@@ -136,6 +137,7 @@ def _placement_facts(placement: CpuPlacement) -> dict[str, Any]:
 def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
          placement: CpuPlacement) -> RunResult:
     torch.set_num_threads(1)
+    keep_freed_memory()  # the evaluation loads every snapshot into fresh tensors
     store = dist.TCPStore(
         "127.0.0.1", 0, is_master=True, wait_for_workers=False,
         timeout=datetime.timedelta(seconds=60),
@@ -325,34 +327,12 @@ def worker_environment(config: RunConfig, rank: int, run_dir: Path, port: int,
         # unmapped every step) fault in 512 times fewer pages. One worker alone went from
         # 510-515 to 622-649 samples/s on this project's VM. A value the user set wins.
         "THP_MEM_ALLOC_ENABLE": os.environ.get("THP_MEM_ALLOC_ENABLE", "1"),
-        **_malloc_keeps_freed_memory(),
+        **child_environment(),  # a step's fresh gradients in the last step's memory
         "PYTHONUNBUFFERED": "1",  # a pipe would hold a worker's prints back until exit
         ENV_STORE_PORT: str(port),
         ENV_RUN_DIR: str(run_dir),
         **placement.environment(rank),
     }
-
-
-MALLOC_MMAP_THRESHOLD = 512 << 20
-MALLOC_TRIM_THRESHOLD = 1 << 30
-
-
-def _malloc_keeps_freed_memory() -> dict[str, str]:
-    """glibc's malloc settings that let a step's fresh tensors reuse the last step's memory.
-
-    glibc maps every allocation above 32 MB (its largest dynamic threshold) with `mmap` and
-    unmaps it when freed, and returns freed memory at the heap's top to the kernel: a backward
-    pass's gradients, fresh tensors every step, are then faulted in and zeroed by the kernel
-    every step (mlp-wide's step: 870-1,381 page faults). Raised thresholds keep that memory in
-    the heap, as jemalloc or tcmalloc would (PyTorch's CPU tuning guide preloads one): 0
-    faults, the step 10-20 % shorter. Nothing is set when the user chose their own malloc
-    settings (either variable, `GLIBC_TUNABLES`, or a preloaded allocator).
-    """
-    chosen = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
-    if any(name in os.environ for name in chosen):
-        return {}
-    return {"MALLOC_MMAP_THRESHOLD_": str(MALLOC_MMAP_THRESHOLD),
-            "MALLOC_TRIM_THRESHOLD_": str(MALLOC_TRIM_THRESHOLD)}
 
 
 def _spawn(
