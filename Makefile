@@ -32,6 +32,10 @@ test-all: setup  # the tests marked slow too (more of the same multi-process che
 	$(PY) -m pytest -q -m ""
 
 test-gpu: setup  # the tests that need a CUDA device (they skip without one): docs/gpus.md
+	@$(PY) -c "import os, sys, torch; os.environ.get('HETSYNC_TEST_GPU_DEVICE') == 'cpu' \
+	or torch.cuda.is_available() or sys.exit('make test-gpu: torch ' + torch.__version__ \
+	+ ' sees no CUDA device, so every gpu test would skip; HETSYNC_TEST_GPU_DEVICE=cpu \
+	make test-gpu checks their logic on the CPU')"
 	$(PY) -m pytest -q -m gpu
 
 lint: setup

@@ -311,7 +311,11 @@ class SyncOptimizer(torch.optim.Optimizer):
 
     def _begin_sync(self, step: Step) -> None:
         """Pad the compute to the emulated step time, inject the slowdown, decide stopping.
-        The compute is the user's: from the end of the protocol's `begin_iteration` on."""
+        The compute is the user's: from the end of the protocol's `begin_iteration` on; on a
+        GPU, until the kernels it queued have run (else only their launch would count, and a
+        slowdown's factor would scale that)."""
+        if self.runtime.device.type == "cuda":
+            torch.cuda.current_stream(self.runtime.device).synchronize()
         compute = (time.perf_counter() - step.start - step.sync_wait_s - step.network_s
                    - step.begin_s)
         iteration = self._resumed_at + step.iteration

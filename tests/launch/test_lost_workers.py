@@ -85,6 +85,7 @@ def test_losing_the_rank_that_hosts_a_service_still_ends_the_run(tmp_path):
     ({"protocol": "allreduce"}, "allreduce cannot go on without a worker"),
     ({"protocol": "dpsgd"}, "dpsgd cannot go on without a worker"),
     ({"protocol": "prague", "schedule": "static"}, "--schedule static has every worker"),
+    ({"protocol": "prague", "backend": "nccl"}, "P-Reduce would run on NCCL"),
     ({"protocol": "adpsgd", "adpsgd_mode": "naive", "topology": "complete"}, "naive"),
     ({"protocol": "hop", "topology": "directed-ring"}, "not strongly connected without rank"),
 ])

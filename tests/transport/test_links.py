@@ -73,7 +73,18 @@ def test_links_of_a_run_put_collectives_on_the_compute_device_only_under_nccl():
     assert gloo.direct.group is None and gloo.host.group is None
     nccl = Links.of("nccl", META, None, None)  # META: the GPU
     assert nccl.direct.device == META and nccl.host.device == torch.device("cpu")
-    assert not Link.default().pinned or torch.cuda.is_available()  # CPU-only: no pinning
+
+
+def test_host_buffers_are_pinned_for_a_model_on_a_gpu_only():
+    """Also on a machine with a GPU, a CPU run pins nothing (pinning would start CUDA in every
+    worker); a GPU model's host buffers are pinned, also on the direct link under gloo."""
+    cpu = Links.of("gloo", torch.device("cpu"), None, None)
+    assert not cpu.direct.pinned and not cpu.host.pinned and not Link.default().pinned
+    staged = Links.of("gloo", torch.device("cuda", 0), None, None)  # several ranks on one GPU
+    assert staged.direct.pinned and staged.host.pinned
+    assert staged.direct.device == staged.host.device == torch.device("cpu")
+    with pytest.raises(ValueError, match="only host buffers are pinned, not meta"):
+        Link("direct", None, META, pinned=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])

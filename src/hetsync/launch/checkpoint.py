@@ -154,7 +154,8 @@ def prepare_resume(run_dir: Path, workers: int, lost: frozenset[int] = frozenset
     iterations: list[int | None] = [None] * workers
     for rank in survivors:
         try:
-            saved = torch.load(checkpoint_path(run_dir, rank), mmap=True, weights_only=False)
+            saved = torch.load(checkpoint_path(run_dir, rank), mmap=True, weights_only=False,
+                               map_location="cpu")  # a GPU run's: no CUDA in the launcher
         except Exception as error:  # noqa: BLE001 - any unreadable file gets the same line
             raise ConfigError(f"--resume {run_dir}: checkpoints/rank{rank}.pt cannot be read "
                               f"({error})") from None

@@ -104,7 +104,10 @@ def placed(config: RunConfig) -> RunConfig:
     if placement.note and not config.quiet:
         print(f"hetsync: note: {placement.note}", file=sys.stderr)
     kind = placement.device.split(":")[0]
-    return dataclasses.replace(config, backend=placement.backend, device=kind)
+    resolved = dataclasses.replace(config, backend=placement.backend, device=kind)
+    if resolved.on_failure == "continue":  # a protocol may not go on without one on NCCL
+        essential_ranks(resolved)
+    return resolved
 
 
 #: Resident memory of one worker process (torch imported, a small model trained), measured

@@ -102,8 +102,10 @@ def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:
     (hetsync.launch.checkpoint). Returns the data position to go on from."""
     runtime = opt.runtime
     assert runtime.run_dir is not None
+    # On the host: the loads below move each tensor where it belongs (the optimizer keeps a
+    # non-capturable Adam's `step` on the CPU, where each step reads it without a GPU sync).
     saved = torch.load(checkpoint_path(runtime.run_dir, runtime.rank), weights_only=False,
-                       map_location=runtime.device)
+                       map_location="cpu")
     model.load_state_dict(saved["model"])
     saved["optimizer"]["hetsync"]["elapsed"] = float(os.environ[ENV_RESUME_AT])
     opt.load_state_dict(saved["optimizer"])

@@ -19,6 +19,7 @@ class RunOptions(typing.Protocol):
 
     protocol: str
     workers: int
+    backend: str
     seed: int
     topology: str
     weights: str

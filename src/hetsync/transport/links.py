@@ -32,7 +32,7 @@ from hetsync.transport.contiguous import span
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers
 
-__all__ = ["Link", "Links", "WireDeviceError", "mix", "pair_mean", "views"]
+__all__ = ["Link", "Links", "WireDeviceError", "bind_thread", "mix", "pair_mean", "views"]
 
 _CPU = torch.device("cpu")
 Transfers = Iterable[tuple[torch.Tensor, int]]
@@ -51,16 +51,20 @@ class Link:
     receiver asks it whether a failed receive's peer was lost)."""
 
     def __init__(self, name: str, group: dist.ProcessGroup | None, device: torch.device,
-                 lost: LostWorkers | None = None) -> None:
+                 lost: LostWorkers | None = None, *, pinned: bool = False) -> None:
         self.name = name
         self.group = group
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        if pinned and device.type != "cpu":
+            raise ValueError(f"link {name!r}: only host buffers are pinned, not {device}'s")
         self.device = device
         self.lost = lost
-        self.pinned = device.type == "cpu" and torch.cuda.is_available()
-        """Host buffers are pinned where a model may be on a GPU: its copies are then
-        asynchronous (a CPU-only run pins nothing)."""
+        self.pinned = pinned
+        """Host buffers are pinned (page-locked), for a model on a GPU: its copies to and from
+        them are then asynchronous. Never for a model on the CPU, also on a machine with a
+        GPU: there the first pinned buffer would start CUDA in every worker, and each one be
+        page-locked and rounded up to a power of two (45 MB to 64) by torch's pinned cache."""
 
     @classmethod
     def default(cls) -> Link:
@@ -219,11 +223,15 @@ class Link:
         """Sum `tensor` over the group, in place; with `async_op`, the Work (its
         `get_future()` is what a DDP communication hook returns)."""
         self.check(tensor, "all_reduce")
-        return dist.all_reduce(tensor, group=self.group, async_op=async_op)
+        work = dist.all_reduce(tensor, group=self.group, async_op=async_op)
+        if not async_op:
+            self._settle()
+        return work
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.check(tensor, "broadcast")
         dist.broadcast(tensor, src, group=self.group)
+        self._settle()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
         self.check(tensor, "send")
@@ -237,10 +245,12 @@ class Link:
             work.wait()
         else:
             self.lost.wait_for(work, peer)
+        self._settle()
 
     def recv(self, tensor: torch.Tensor, src: int, tag: int = 0) -> None:
         self.check(tensor, "recv")
         dist.recv(tensor, src, group=self.group, tag=tag)
+        self._settle()
 
     def isend(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> dist.Work:
         self.check(tensor, "isend")
@@ -262,6 +272,14 @@ class Link:
         """`post`, then wait for all of it (gloo's p2p Works complete only in wait())."""
         for work in self.post(sends, receives, tag):
             work.wait()
+        self._settle()
+
+    def _settle(self) -> None:
+        """On a GPU wire, wait until what the GPU was given so far has run. NCCL's waits only
+        order the GPU's stream behind the transfer, so without this a wait would take no time
+        on the host: its time (a row's sync wait) would land in the next compute step."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
 
     def world_size(self) -> int:
         """How many ranks the link's group has."""
@@ -303,10 +321,20 @@ class Links:
     def of(cls, backend: str, device: torch.device, host_group: dist.ProcessGroup | None,
            lost: LostWorkers | None) -> Links:
         """The links of a run on `backend` whose compute device is `device`; `host_group`
-        is the gloo group of all ranks under NCCL (None: the default group is gloo)."""
+        is the gloo group of all ranks under NCCL (None: the default group is gloo). Host
+        buffers are pinned where the model is on a GPU, and only there."""
+        staged = device.type == "cuda"  # its copies to host buffers: pinned ones
         wire = device if backend == "nccl" else _CPU
-        return cls(direct=Link("direct", None, wire, lost),
-                   host=Link("host", host_group, _CPU, lost))
+        return cls(direct=Link("direct", None, wire, lost, pinned=staged and wire == _CPU),
+                   host=Link("host", host_group, _CPU, lost, pinned=staged))
+
+
+def bind_thread(device: torch.device) -> None:
+    """Make `device` this thread's current GPU, where it is one: a new thread's is GPU 0, and
+    NCCL's batched transfers (`batch_isend_irecv`) may hang on another. Called first thing by
+    a protocol's own threads that copy to or from the model, or transfer on NCCL."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
 
 
 def _fill(out: torch.Tensor, tensors: Sequence[torch.Tensor]) -> None:

@@ -258,9 +258,9 @@ class _Leader(PReducer):
     def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
         """The leader sums and divides; the others receive the mean (no pass of their own)."""
         tag = _tag(group)
-        if self.rank != group[0]:
-            self.link.send(source, group[0], tag=tag)
-            self.link.recv(flat, group[0], tag=tag)
+        if self.rank != group[0]:  # posted as the leader's are (NCCL matches a batched
+            self.link.exchange([(source, group[0])], [], tag)  # send only with a batched recv)
+            self.link.exchange([], [(flat, group[0])], tag)
             return
         parts = self._parts(len(group) - 1, flat)
         self.link.exchange([], list(zip(parts, group[1:], strict=True)), tag)
@@ -344,7 +344,8 @@ class _Subgroup(PReducer):
         pg = dist.ProcessGroupGloo(
             dist.PrefixStore(name, self._store), group.index(self.rank), len(group), self._timeout
         )
-        sub = Link(f"P-Reduce subgroup {name}", pg, torch.device("cpu"))
+        sub = Link(f"P-Reduce subgroup {name}", pg, torch.device("cpu"),
+                   pinned=self.link.pinned or self.link.device.type == "cuda")
         full = torch.tensor([float(len(self._cache) >= self._cache_size)])
         sub.all_reduce(full)
         if full.item() == 0:

@@ -195,6 +195,22 @@ def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
     assert server.params[0].tolist() == pytest.approx([-0.1, 0.1], rel=1e-3)
 
 
+def test_the_servers_host_copy_drops_a_gpu_optimizers_gpu_only_settings():
+    # A GPU model's Adam may be capturable (CUDA graphs) and take its lr as a tensor: the
+    # server steps its copy on the host, where capturable would fail at the first step.
+    param = nn.Parameter(torch.zeros(2))
+    betas = (torch.tensor(0.9), torch.tensor(0.999))
+    adam = torch.optim.Adam([param], lr=torch.tensor(0.1), betas=betas, capturable=True)
+    server = _Server(adam, [], PSServerCore(2, "async"))
+    hyper = server.optimizer.param_groups[0]
+    assert hyper["capturable"] is False and hyper["lr"] == pytest.approx(0.1)
+    assert hyper["betas"] == pytest.approx((0.9, 0.999))
+    with server.cond:
+        for version in range(2):
+            server._accept(_push(server, [1.0, -2.0], version=version), 1)
+    assert server.params[0].tolist() == pytest.approx([-0.1, 0.1], rel=1e-3)
+
+
 def test_a_dead_server_thread_is_reported_not_waited_for():
     # No process group: the serving thread's first receive fails.
     param = nn.Parameter(torch.zeros(2))

@@ -71,6 +71,7 @@ from hetsync.protocols.base import Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
+from hetsync.transport.links import bind_thread
 from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
@@ -278,6 +279,7 @@ class ADPSGD(Protocol):
 
     # --- the passive side, on the receiver thread -----------------------------------------------
     def _serve(self) -> None:
+        bind_thread(self.runtime.device)
         try:
             nbytes = self.network.scaled(self.frame.payload_bytes) if (
                 self.network is not None) else 0.0

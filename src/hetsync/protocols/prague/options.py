@@ -111,4 +111,7 @@ def tolerate_loss(config: RunOptions) -> frozenset[int]:
     if config.schedule == "static":
         raise ConfigError("--on-failure continue: --schedule static has every worker in fixed "
                           "groups; use the Group Generator (--schedule random)")
+    if config.backend == "nccl":
+        raise ConfigError("--on-failure continue: Prague's P-Reduce would run on NCCL, whose "
+                          "groups cannot go on without a lost member; use --backend gloo")
     return frozenset({0})

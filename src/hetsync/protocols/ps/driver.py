@@ -117,10 +117,23 @@ PUSH_TAG, PULL_TAG = 21, 22
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
-    """A param group's hyper-parameters: everything but its parameters."""
+    """A param group's hyper-parameters: everything but its parameters, for the server's
+    copy on the host. A GPU model's settings that only a GPU takes become the host's: no
+    `capturable` (CUDA graphs), and a hyper-parameter given as a tensor is its value."""
     hyper = dict(group)  # one atomic copy: rank 0's thread may be changing the group
     del hyper["params"]
-    return hyper
+    if hyper.get("capturable"):
+        hyper["capturable"] = False
+    return {name: _value(value) for name, value in hyper.items()}
+
+
+def _value(value: Any) -> Any:
+    """A tensor hyper-parameter (lr, or each of Adam's betas) as a float."""
+    if isinstance(value, torch.Tensor):
+        return float(value)
+    if isinstance(value, tuple) and any(isinstance(v, torch.Tensor) for v in value):
+        return tuple(float(v) for v in value)
+    return value
 
 
 def _flat(tensors: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:

@@ -30,7 +30,7 @@ from hetsync.protocols.prague.worker import (
     dispatch,
 )
 from hetsync.transport.contiguous import span
-from hetsync.transport.links import Link
+from hetsync.transport.links import Link, bind_thread
 from hetsync.transport.runtime import Runtime
 
 __all__ = ["CommunicationCopy", "OverlappedGroups"]
@@ -165,6 +165,7 @@ class OverlappedGroups(RandomGroups):
 
     def _communicate(self) -> None:
         """The communication thread: feeds assignments to the core, runs the P-Reduces."""
+        bind_thread(self.runtime.device)
         try:
             while self.core.state is not WorkerState.DONE:
                 item = self.inbox.get()
