@@ -41,10 +41,10 @@ GRADIENT = {  # lr > 0 from one model: the workers stay identical (async: they t
 }
 
 
-def _run(out: Path, device: str, lr: float, workers: int, iterations: int,
+def _run(out: Path, where: str, lr: float, workers: int, iterations: int,
          **options: object) -> list[dict]:
     out.mkdir()
-    run(RunConfig(workers=workers, script=[str(SCRIPT), str(out), device, str(lr)], out=out,
+    run(RunConfig(workers=workers, script=[str(SCRIPT), str(out), where, str(lr)], out=out,
                   max_iterations=iterations, quiet=True, **options))
     return [torch.load(out / f"device_rank{r}.pt") for r in range(workers)]
 
@@ -98,3 +98,14 @@ def test_one_worker_over_nccl(options, gpu_device, tmp_path):
     assert saved[0]["consensus_devices"] == [saved[0]["device"]]
     assert torch.equal(saved[0]["consensus"], saved[0]["final"])
     assert (saved[0]["final"] - saved[0]["initial"]).abs().max() > 1e-3  # it trained
+
+
+@pytest.mark.parametrize("protocol", ["hop", "adpsgd", "prague", "ps"])
+def test_a_cpu_run_on_a_gpu_machine_leaves_cuda_alone(protocol, tmp_path):
+    """`--device cpu` where a GPU is visible (the `real` suites on a GPU machine): no worker
+    starts CUDA. A link that pinned its buffers wherever CUDA was available started it in
+    every worker at its first buffer, inside the run's clock (docs/gpus.md)."""
+    saved = _run(tmp_path / "run", "cpu", 0.05, 2, 20, protocol=protocol, device="cpu")
+    assert [s["device"] for s in saved] == ["cpu", "cpu"]
+    assert not any(s["cuda_initialized"] for s in saved)
+

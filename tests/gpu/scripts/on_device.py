@@ -7,7 +7,7 @@ after the optimizer was built, so that only the protocol's averaging moves them;
 ranks train from the same model. Rank r's inputs have mean 2r, so its BatchNorm statistics are
 its own unless the protocol shares them. Writes OUT/device_rank{r}.pt (every tensor on the CPU)
 with the flat parameters before and after, the running statistics, the consensus model's and
-the devices the model and the consensus model ended on.
+the devices the model and the consensus model ended on, and whether CUDA was started.
 """
 
 import sys
@@ -52,6 +52,7 @@ torch.save({
     "running_mean": raw[1].running_mean.cpu(), "running_var": raw[1].running_var.cpu(),
     "consensus_running_mean": consensus[1].running_mean.cpu(),
     "device": str(next(raw.parameters()).device),
+    "cuda_initialized": torch.cuda.is_initialized(),  # a CPU model's run must not start CUDA
     "consensus_devices": sorted({str(t.device) for t in [*consensus.parameters(),
                                                           *consensus.buffers()]}),
 }, f"{out}/device_rank{runtime.rank}.pt")
