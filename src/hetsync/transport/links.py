@@ -331,8 +331,9 @@ class Links:
 
 def bind_thread(device: torch.device) -> None:
     """Make `device` this thread's current GPU, where it is one: a new thread's is GPU 0, and
-    NCCL's batched transfers (`batch_isend_irecv`) may hang on another. Called first thing by
-    a protocol's own threads that copy to or from the model, or transfer on NCCL."""
+    NCCL's batched transfers (`batch_isend_irecv`) may hang on another. Called by `join` for
+    the main thread, and first thing by a protocol's own threads that copy to or from the
+    model, or transfer on NCCL."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
 

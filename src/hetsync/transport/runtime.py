@@ -30,7 +30,7 @@ from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, is_follow_on
 from hetsync.faults import FaultPlan, MessageDelay, parse_faults
 from hetsync.transport.control import ControlChannel
-from hetsync.transport.links import Links
+from hetsync.transport.links import Links, bind_thread
 from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.placement import place, visible_gpus
 
@@ -275,8 +275,7 @@ def _placement(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
             and ENV_STORE_PORT not in os.environ):
         print(f"hetsync: note: {placement.note}", file=sys.stderr)
     device = torch.device(placement.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+    bind_thread(device)  # the main thread's GPU, as each protocol thread binds its own
     return placement.backend, device
 
 
