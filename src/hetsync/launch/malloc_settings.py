@@ -8,7 +8,10 @@ tensors: each time, the kernel faults the memory in and zeroes it. Raised thresh
 memory in the heap for the next allocation, as jemalloc or tcmalloc would (PyTorch's CPU
 tuning guide preloads one): a process then keeps up to `TRIM_THRESHOLD` of freed memory
 instead of returning it. A worker's step (`mlp-wide`, on huge pages): 870-1,381 page faults
-before, 0 in its steady state. The launcher of a 10 s, two-worker `mlp-wide` run, whose
+before, 0 in its steady state. That state can take a dozen allocations to come: glibc 2.36's
+`memalign` asks for the size plus the alignment (2 MB on huge pages), so a freed tensor's memory
+alone does not fit the next one until freed neighbours merge (tests/launch/test_malloc_settings.py).
+The launcher of a 10 s, two-worker `mlp-wide` run, whose
 tensors are not on huge pages and so are placed less tidily: 1.3 million, 0.77-0.81 million.
 
 Nothing changes where the user chose their own settings (either variable, `GLIBC_TUNABLES`, or
