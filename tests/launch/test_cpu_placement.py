@@ -74,10 +74,10 @@ def test_pin_with_more_workers_than_cores_is_one_line():
 
 
 def test_pin_refusal_comes_before_the_run_directory(tmp_path, capsys):
-    workers = len(os.sched_getaffinity(0)) + 1
+    cores = len(os.sched_getaffinity(0))  # two workers of all of them: more than there are
     out = tmp_path / "run"
-    code = main(["train", "--workload", "svm", "--workers", str(workers), "--pin",
-                 "--out", str(out), "--quiet"])
+    code = main(["train", "--workload", "svm", "--workers", "2", "--pin", "--cpus-per-worker",
+                 str(cores), "--out", str(out), "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("hetsync: error: --pin:") and "\n" not in err
     assert not out.exists()

@@ -13,7 +13,7 @@ import pytest
 
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError, WorkerFailed
-from hetsync.launch.cpu_placement import CpuPlacement
+from hetsync.launch.cpu_placement import CpuPlacement, plan_pinning
 from hetsync.launch.cpu_quota import CpuQuota
 from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
@@ -62,8 +62,9 @@ def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_p
                            max_time=2.0, out=tmp_path / "run", quiet=True))
     start, end = _facts(tmp_path, "start."), _facts(tmp_path, "")
     training = _facts(tmp_path, "training.")
-    cores = sorted(os.sched_getaffinity(0))
-    assert [f["cores"] for f in start] == [[cores[0]], [cores[1]]]
+    plan = plan_pinning(2, 1, os.sched_getaffinity(0))  # this machine's cores, however many
+    own = [sorted(cores) for cores in plan.workers]
+    assert [f["cores"] for f in start] == own and own[0] != own[1]
     # the straggler starts up at full speed and joins its quota as its training starts
     assert "hetsync-" not in _cpu_cgroup(start[1])
     assert _cpu_cgroup(training[1]).endswith(f"/hetsync-{os.getpid()}-rank1")
@@ -72,7 +73,7 @@ def test_pinned_workers_on_cores_of_their_own_and_a_quarter_core_straggler(tmp_p
     # period's rounding of slack); how much rank 0 gets depends on the machine's load.
     assert end[1]["cpu_fraction"] < 0.3 and end[1]["iterations"] > 0
     assert result.summary["placement"] == {
-        "cores": {"0": [cores[0]], "1": [cores[1]]}, "launcher_cores": [cores[1]],
+        "cores": {"0": own[0], "1": own[1]}, "launcher_cores": sorted(plan.launcher),
         "kept_awake": True, "cpu_share": {"1": 0.25},
         "cgroup": "v1" if not CpuQuota({}, "").v2 else "v2"}
     assert _our_cgroups() == []

@@ -14,7 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from hetsync.errors import WorkerFailed
-from hetsync.launch.monitor import Monitor
+from hetsync.launch.monitor import Monitor, _process_state
 
 _IDLE = [sys.executable, "-c",
          "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); time.sleep(60)"]
@@ -27,6 +27,16 @@ def monitor(tmp_path):
     for proc in procs:
         proc.kill()
         proc.wait()
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    """Send `sig` (SIGSTOP or SIGCONT) and return once the kernel shows the process stopped
+    or running again: on a loaded machine that can take longer than any fixed sleep."""
+    os.kill(pid, sig)
+    deadline = time.monotonic() + 10
+    while (_process_state(pid) in ("T", "t")) != (sig == signal.SIGSTOP):
+        assert time.monotonic() < deadline, f"process {pid} did not take {sig.name}"
+        time.sleep(0.01)
 
 
 def _beat(monitor: Monitor, beats: dict[int, str]) -> None:
@@ -64,14 +74,12 @@ def test_a_finished_worker_is_never_hung_for_waiting_but_a_stopped_one_fails(mon
     monitor.check()
     time.sleep(0.7)  # quiet past --hang-timeout: waiting in the end rendezvous is not a hang
     assert monitor.check() is False
-    os.kill(monitor.procs[1].pid, signal.SIGSTOP)
-    time.sleep(0.1)
+    _signal(monitor.procs[1].pid, signal.SIGSTOP)
     assert monitor.check() is False  # quiet for long, but stopped only now: a short stop is
-    os.kill(monitor.procs[1].pid, signal.SIGCONT)  # no failure (a debugger, SIGSTOP+SIGCONT)
+    _signal(monitor.procs[1].pid, signal.SIGCONT)  # no failure (a debugger, SIGSTOP+SIGCONT)
     time.sleep(0.7)
     assert monitor.check() is False
-    os.kill(monitor.procs[1].pid, signal.SIGSTOP)
-    time.sleep(0.1)
+    _signal(monitor.procs[1].pid, signal.SIGSTOP)
     monitor.check()
     time.sleep(0.7)  # stopped for longer than --hang-timeout
     with pytest.raises(WorkerFailed, match="rank 1 was stopped .* while finishing, after "
@@ -83,8 +91,7 @@ def test_a_finished_worker_stopped_for_good_is_lost_under_on_failure_continue(mo
     monitor.essential = frozenset({0})
     _beat(monitor, {0: "70 done 3.0", 1: "70 closing 3.0", 2: "70 closing 3.0"})
     monitor.check()
-    os.kill(monitor.procs[2].pid, signal.SIGSTOP)
-    time.sleep(0.1)
+    _signal(monitor.procs[2].pid, signal.SIGSTOP)
     monitor.check()
     time.sleep(0.7)
     assert monitor.check() is False
