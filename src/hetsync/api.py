@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from hetsync.errors import LOOP_ENDED
+from hetsync.launch.malloc_settings import touch_heap
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import (
     EvaluateFn,
@@ -50,6 +51,11 @@ from hetsync.transport.flat import average_model, broadcast_model, model_tensors
 from hetsync.transport.runtime import Runtime, current_runtime
 
 __all__ = ["SyncOptimizer", "prepare"]
+
+_FRESH_MODELS = 8
+"""How many models' worth of memory a worker's first steps may take fresh, touched before the
+clock (launch.malloc_settings.touch_heap): gradients, optimizer state, and the messages a
+protocol packs and receives."""
 
 Batch = TypeVar("Batch")
 
@@ -118,6 +124,11 @@ class SyncOptimizer(torch.optim.Optimizer):
             Snapshotter(run_dir, self.runtime.rank, config.eval_every) if run_dir else None
         )
         self._periodic_snapshots = snapshots or evaluate is not None
+        if self._snapshots is not None:  # its buffer's first touch before the clock
+            self._snapshots.prepare(model)
+        if all(p.device.type == "cpu" for p in model.parameters()):  # the first steps' too
+            touch_heap(_FRESH_MODELS * sum(p.numel() * p.element_size()
+                                           for p in model.parameters()))
         self._evaluation = self._start_evaluation(evaluate) if not snapshots else None
         self.runtime.start_clock()
         join_cpu_quota()  # a `cpu:` straggler's quota acts on its training, not its start-up

@@ -14,6 +14,15 @@ alone does not fit the next one until freed neighbours merge (tests/launch/test_
 The launcher of a 10 s, two-worker `mlp-wide` run, whose
 tensors are not on huge pages and so are placed less tidily: 1.3 million, 0.77-0.81 million.
 
+A worker's first seconds still took fresh memory: the heap grows until then, and the threads
+that receive messages allocate their buffers in arenas of their own. On a VM a fresh page's
+first touch is slow (45 MB in 30-110 ms of CPU), and it was most of a quarter-core straggler's
+CPU in its first 2.5 s (`perf`: the kernel zeroing pages, 56 % of its samples, 40 % in gloo's
+receiving thread). So every thread allocates from the one heap (`ARENA_MAX`), and a worker
+touches room for a step's buffers (`touch_heap`, a few times the model's bytes) before its
+run's clock starts, then frees it: glibc keeps it at the heap's top, under both thresholds, and
+the first buffers come from memory already touched.
+
 Nothing changes where the user chose their own settings (either variable, `GLIBC_TUNABLES`, or
 a preloaded allocator in `LD_PRELOAD`). Without glibc the variables are ignored and `mallopt`
 is missing: nothing happens either.
@@ -24,13 +33,22 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["MMAP_THRESHOLD", "TRIM_THRESHOLD", "child_environment", "keep_freed_memory"]
+import torch
+
+__all__ = ["ARENA_MAX", "HEAP_ROOM_MAX", "MMAP_THRESHOLD", "TRIM_THRESHOLD",
+           "child_environment", "keep_freed_memory", "touch_heap"]
 
 MMAP_THRESHOLD = 512 << 20
 TRIM_THRESHOLD = 1 << 30
-_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES",
-                  "LD_PRELOAD")
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # <malloc.h>
+ARENA_MAX = 1
+HEAP_ROOM_MAX = MMAP_THRESHOLD * 7 // 8
+"""The most `touch_heap` touches: one block below the mmap threshold, freed under the trim one."""
+_OURS = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+         "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD), "MALLOC_ARENA_MAX": str(ARENA_MAX)}
+_USER_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
+                  "GLIBC_TUNABLES", "LD_PRELOAD")
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8  # <malloc.h>
+_kept = False  # whether keep_freed_memory set the thresholds in this process
 
 
 def _user_chose() -> bool:
@@ -39,10 +57,7 @@ def _user_chose() -> bool:
 
 def child_environment() -> dict[str, str]:
     """The variables that give a process about to start (a worker) these thresholds."""
-    if _user_chose():
-        return {}
-    return {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-            "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+    return {} if _user_chose() else dict(_OURS)
 
 
 def keep_freed_memory() -> None:
@@ -56,3 +71,14 @@ def keep_freed_memory() -> None:
         return
     mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    mallopt(_M_ARENA_MAX, ARENA_MAX)  # for the threads that have not allocated yet
+    global _kept
+    _kept = True
+
+
+def touch_heap(nbytes: int) -> None:
+    """Touch `nbytes` (at most `HEAP_ROOM_MAX`) of fresh heap now and free them, for the buffers
+    to come; only where this module's thresholds hold, which keep them (else they would go
+    back to the kernel at once, or never have come from the heap)."""
+    if _kept or all(os.environ.get(name) == value for name, value in _OURS.items()):
+        torch.empty(min(nbytes, HEAP_ROOM_MAX), dtype=torch.uint8).fill_(0)

@@ -11,6 +11,12 @@ cache, where it costs less than a wait for the disk (under `DIRECT_FROM` bytes: 
 took 0.34 ms written through it, 1.2 ms past it; 10 MB, 25 ms against 9.7), as does one that
 the file system refuses `O_DIRECT` for (EINVAL: tmpfs before Linux 6.6, some network file
 systems).
+
+Its pages are touched as the buffer is made (`madvise(MADV_POPULATE_WRITE)`, or a byte a page
+on a kernel older than 5.14), so that a worker that makes it before its run's clock starts
+(`Snapshotter.prepare`) does not pay the first touch inside its first snapshot: 11,000 page
+faults and 37-117 ms of CPU for a 45 MB model on this VM, on the training thread, 0.15-0.45 s
+at a quarter of a core, in the run's first seconds.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pathlib import Path
 __all__ = ["DIRECT_FROM", "DirectFile"]
 
 _BLOCK = 4096  # O_DIRECT wants offsets, lengths and memory aligned to the device's block
+_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # <sys/mman.h>, Linux 5.14+
 DIRECT_FROM = 4 << 20
 """Images of at least this many bytes are written past the page cache."""
 
@@ -30,11 +37,11 @@ DIRECT_FROM = 4 << 20
 class DirectFile:
     """A growing in-memory file (`write`, for `torch.save`) whose image `save` puts on disk.
 
-    The buffer is an anonymous mapping (page-aligned), kept from image to image: only its
-    first image, or a bigger one, touches new pages."""
+    The buffer is an anonymous mapping (page-aligned), its pages touched as it is made and
+    kept from image to image: only an image bigger than `size_hint` touches new ones."""
 
     def __init__(self, size_hint: int = 0) -> None:
-        self._map = mmap.mmap(-1, _round_up(max(size_hint, 1)))
+        self._map = _touched(size_hint)
         self._length = 0
 
     def rewind(self) -> None:
@@ -86,10 +93,21 @@ class DirectFile:
             os.close(fd)
 
     def _grow(self, needed: int) -> None:
-        bigger = mmap.mmap(-1, _round_up(max(needed, 2 * len(self._map))))
+        bigger = _touched(max(needed, 2 * len(self._map)))
         bigger[:self._length] = self._map[:self._length]
         self._map.close()
         self._map = bigger
+
+
+def _touched(size: int) -> mmap.mmap:
+    """An anonymous mapping of at least `size` bytes, every page of it touched now."""
+    mapping = mmap.mmap(-1, _round_up(max(size, 1)))
+    try:
+        mapping.madvise(_MADV_POPULATE_WRITE)
+    except OSError:  # a kernel before 5.14 (EINVAL): a byte a page
+        for offset in range(0, len(mapping), mmap.PAGESIZE):
+            mapping[offset] = 0
+    return mapping
 
 
 def _round_up(n: int) -> int:

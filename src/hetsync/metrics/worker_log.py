@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO
 
@@ -79,6 +80,14 @@ class IterationLog:
         self._file.close()
 
 
+def _image_size(state: Mapping[str, torch.Tensor]) -> int:
+    """What `torch.save` of a snapshot of `state` takes at most: the tensors' bytes, and room
+    for the archive's records (1.8 kB and 285-445 bytes a tensor for the built-in models),
+    so that the first image does not outgrow its buffer (growing copies it into one twice
+    its size, every page of it new)."""
+    return sum(t.numel() * t.element_size() for t in state.values()) + 4096 + 1024 * len(state)
+
+
 def _iteration(row: str) -> float:
     """A row's iteration; inf for a line cut short by the failure (dropped)."""
     try:
@@ -94,6 +103,12 @@ class Snapshotter:
         self.run_dir, self.rank, self.every = run_dir, rank, every
         self._next_index = 0  # index 0: the model right after the first iteration
         self._image: DirectFile | None = None  # each snapshot's bytes, before the file
+
+    def prepare(self, model: nn.Module) -> None:
+        """Make the buffer the snapshots are serialized into, its pages touched, now: before
+        the run's clock, not inside the first snapshot (11,000 page faults for a 45 MB model,
+        0.15-0.45 s of a quarter-core worker's first seconds; metrics.direct_file)."""
+        self._image = DirectFile(_image_size(model.state_dict()))
 
     def maybe_snapshot(self, model: nn.Module, elapsed: float, iteration: int) -> None:
         due = int(elapsed // self.every)
@@ -121,7 +136,7 @@ class Snapshotter:
         # model was as many page faults and a pass more, each snapshot, on the training thread).
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         if self._image is None:
-            self._image = DirectFile(sum(t.numel() * t.element_size() for t in state.values()))
+            self._image = DirectFile(_image_size(state))
         self._image.rewind()
         # No zip checksum either: a snapshot is written once, whole (`replacing`), and read
         # back within the run; the CRC was 10 of 23 ms of CPU a 45 MB snapshot, on the
