@@ -119,7 +119,6 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._control = self.runtime.open_control()
         run_dir = self.runtime.run_dir
         self._log = IterationLog(run_dir, self.runtime.rank) if run_dir else None
-        self._thread_cpu = ThreadCpu() if run_dir else None
         self._snapshots = (
             Snapshotter(run_dir, self.runtime.rank, config.eval_every) if run_dir else None
         )
@@ -130,6 +129,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             touch_heap(_FRESH_MODELS * sum(p.numel() * p.element_size()
                                            for p in model.parameters()))
         self._evaluation = self._start_evaluation(evaluate) if not snapshots else None
+        # From here: the rows' CPU is the run's, not the set-up's (a touched heap among it).
+        self._thread_cpu = ThreadCpu() if run_dir else None
         self.runtime.start_clock()
         join_cpu_quota()  # a `cpu:` straggler's quota acts on its training, not its start-up
         self._step: Step | None = self._new_step()
