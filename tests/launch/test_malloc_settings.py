@@ -21,22 +21,27 @@ from hetsync.launch.malloc_settings import child_environment
 
 pytestmark = pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="not glibc")
 
-SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES", "LD_PRELOAD")
+SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX",
+            "GLIBC_TUNABLES", "LD_PRELOAD")
+
+
+def _faults(env: dict[str, str], first: str, before: str, measured: str) -> int:
+    """Page faults a child takes to run the lines `measured`, once `first` (before torch is
+    imported) and `before` have run."""
+    code = (f"{first}\nimport resource, threading, torch\n{before}\n"
+            "faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            f"{measured}\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          check=True, timeout=120)
+    return int(done.stdout.split()[-1])
 
 
 def _faults_of_fresh_64_mb_tensors(env: dict[str, str], first: str = "") -> int:
     """Page faults a child takes to fill three 64 MB tensors, each allocated once the one
-    before was freed, after 24 such (a backward pass's gradients, every step); `first`
-    runs before."""
-    code = (f"{first}\n"
-            "import resource, torch\n"
-            "for _ in range(24): torch.ones(16 << 20)\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-            "for _ in range(3): torch.ones(16 << 20)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True, timeout=120)
-    return int(done.stdout.split()[-1])
+    before was freed, after 24 such (a backward pass's gradients, every step)."""
+    return _faults(env, first, "for _ in range(24): torch.ones(16 << 20)",
+                   "for _ in range(3): torch.ones(16 << 20)")
 
 
 def _plain() -> dict[str, str]:
@@ -68,20 +73,13 @@ TOUCH = "from hetsync.launch.malloc_settings import touch_heap; touch_heap(8 * (
 def _faults_of_first_buffers(env: dict[str, str], first: str) -> int:
     """Page faults a child takes to fill its first buffers of a 45 MB model: three that a
     receiving thread keeps (as Hop's), then three gradients, each freed."""
-    code = (f"{first}\n"
-            "import resource, threading, torch\n"
-            "kept = []\n"
-            "def receive():\n"
-            "    kept.extend(torch.empty(45 << 20, dtype=torch.uint8).fill_(1) for _ in range(3))\n"
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-            "thread = threading.Thread(target=receive)\n"
-            "thread.start()\n"
-            "thread.join()\n"
-            "for _ in range(3): torch.ones(45 << 18)\n"
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          check=True, timeout=120)
-    return int(done.stdout.split()[-1])
+    receive = ("kept = []\n"
+               "def receive():\n"
+               "    for _ in range(3):\n"
+               "        kept.append(torch.empty(45 << 20, dtype=torch.uint8).fill_(1))")
+    return _faults(env, first, receive,
+                   "thread = threading.Thread(target=receive)\nthread.start()\nthread.join()\n"
+                   "for _ in range(3): torch.ones(45 << 18)")
 
 
 def test_a_heap_touched_before_the_clock_serves_every_threads_first_buffers():
