@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from hetsync.errors import LOOP_ENDED
-from hetsync.launch.malloc_settings import touch_heap
+from hetsync.malloc_settings import touch_heap
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import (
     EvaluateFn,
@@ -54,7 +54,7 @@ __all__ = ["SyncOptimizer", "prepare"]
 
 _FRESH_MODELS = 8
 """How many models' worth of memory a worker's first steps may take fresh, touched before the
-clock (launch.malloc_settings.touch_heap): gradients, optimizer state, and the messages a
+clock (hetsync.malloc_settings.touch_heap): gradients, optimizer state, and the messages a
 protocol packs and receives."""
 
 Batch = TypeVar("Batch")

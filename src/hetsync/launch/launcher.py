@@ -34,9 +34,9 @@ from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
 from hetsync.launch.cpu_placement import CpuPlacement
-from hetsync.launch.malloc_settings import child_environment, keep_freed_memory
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
+from hetsync.malloc_settings import child_environment, keep_freed_memory
 from hetsync.metrics.evaluator import Evaluator, WorkloadMeasure
 from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
 from hetsync.metrics.summary import summarize, write_summary

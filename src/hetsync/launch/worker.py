@@ -17,7 +17,7 @@ from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import ENV_RESUME_AT, Checkpointer, checkpoint_path
-from hetsync.launch.malloc_settings import keep_freed_memory
+from hetsync.malloc_settings import keep_freed_memory
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.transport.lost_workers import LOST_KEY
@@ -115,7 +115,7 @@ def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:
 
 def run_under_torchrun(config: RunConfig) -> None:
     """`hetsync train` under torchrun: no launcher, so rank 0 evaluates and summarises."""
-    keep_freed_memory()  # what the launcher's variables give its workers (launch.malloc_settings)
+    keep_freed_memory()  # what the launcher's variables give its workers (hetsync.malloc_settings)
     try:
         opt = train(config)
         runtime = opt.runtime

@@ -10,7 +10,7 @@ tuning guide preloads one): a process then keeps up to `TRIM_THRESHOLD` of freed
 instead of returning it. A worker's step (`mlp-wide`, on huge pages): 870-1,381 page faults
 before, 0 in its steady state. That state can take a dozen allocations to come: glibc 2.36's
 `memalign` asks for the size plus the alignment (2 MB on huge pages), so a freed tensor's memory
-alone does not fit the next one until freed neighbours merge (tests/launch/test_malloc_settings.py).
+alone does not fit the next one until freed neighbours merge (tests/test_malloc_settings.py).
 The launcher of a 10 s, two-worker `mlp-wide` run, whose
 tensors are not on huge pages and so are placed less tidily: 1.3 million, 0.77-0.81 million.
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from hetsync.launch.malloc_settings import child_environment
+from hetsync.malloc_settings import child_environment
 
 pytestmark = pytest.mark.skipif(not os.confstr("CS_GNU_LIBC_VERSION"), reason="not glibc")
 
@@ -56,7 +56,7 @@ def test_a_child_with_the_variables_reuses_freed_memory_without_faults():
     assert _faults_of_fresh_64_mb_tensors(_plain()) >= 16
 
 
-KEEP = "from hetsync.launch.malloc_settings import keep_freed_memory; keep_freed_memory()"
+KEEP = "from hetsync.malloc_settings import keep_freed_memory; keep_freed_memory()"
 
 
 def test_a_process_that_keeps_freed_memory_reuses_it_unless_the_user_chose():
@@ -67,7 +67,7 @@ def test_a_process_that_keeps_freed_memory_reuses_it_unless_the_user_chose():
     assert _faults_of_fresh_64_mb_tensors(chosen, first=KEEP) >= 16
 
 
-TOUCH = "from hetsync.launch.malloc_settings import touch_heap; touch_heap(8 * (45 << 20))"
+TOUCH = "from hetsync.malloc_settings import touch_heap; touch_heap(8 * (45 << 20))"
 
 
 def _faults_of_first_buffers(env: dict[str, str], first: str) -> int:
