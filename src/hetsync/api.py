@@ -41,6 +41,7 @@ from hetsync.metrics.script_evaluation import (
 from hetsync.metrics.summary import summarize, write_summary
 from hetsync.metrics.thread_cpu import ThreadCpu
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
+from hetsync.network.emulator import model_bytes
 from hetsync.protocols.base import Protocol
 from hetsync.protocols.registry import get_protocol
 from hetsync.slowdown import join_cpu_quota, pacing
@@ -126,8 +127,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._snapshots is not None:  # its buffer's first touch before the clock
             self._snapshots.prepare(model)
         if all(p.device.type == "cpu" for p in model.parameters()):  # the first steps' too
-            touch_heap(_FRESH_MODELS * sum(p.numel() * p.element_size()
-                                           for p in model.parameters()))
+            touch_heap(_FRESH_MODELS * model_bytes(model))
         self._evaluation = self._start_evaluation(evaluate) if not snapshots else None
         # From here: the rows' CPU is the run's, not the set-up's (a touched heap among it).
         self._thread_cpu = ThreadCpu() if run_dir else None
