@@ -9,7 +9,7 @@ longest causes); then each rank's median compute step in each second of the run,
 wait in each second of the ranks that waited. A compute step raised on one rank for a few
 seconds and then on another points at the machine (a busy hyperthread sibling, a host's
 steal), one raised on every rank all the run at the protocol; a wait that comes in every
-second at a neighbour of the straggler, at the protocol. Quoted in docs/benchmarks.md (the
+second at a neighbour of the straggler, at the protocol. Quoted in docs/real-compute.md (the
 leases' sections).
 """
 

@@ -1,7 +1,7 @@
 """What a protocol costs the training thread, per iteration, at N workers (issue 22).
 
 At 8 workers on 16 cores Hop's training threads spent about 3 points more of the run outside
-the compute step than AD-PSGD's (docs/benchmarks.md, "The `real` suite at 8 workers"). This
+the compute step than AD-PSGD's (docs/real-compute.md, "The `real` suite at 8 workers"). This
 measures that cost where a 2-core machine can: N gloo processes run the real drivers of the
 named variants on a workload's real tensors, with the compute replaced by a sleep (so that the
 receivers work while the training thread "computes", as with real compute, and N processes

@@ -59,7 +59,7 @@ class DDP(Protocol):
         self.link = runtime.links.direct
         # The gradients are views into DDP's buckets: no copy of them into the buckets before
         # the all-reduce and back after it (with the 45 MB model, 4-12 % more samples/s in
-        # three alternated pairs; docs/benchmarks.md, "DDP's gradients in its buckets").
+        # three alternated pairs; docs/real-compute.md, "DDP's gradients in its buckets").
         self.ddp = DistributedDataParallel(model, device_ids=device_ids,
                                            gradient_as_bucket_view=True)
         self.ddp.register_comm_hook(None, self._hook)
