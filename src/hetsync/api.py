@@ -348,8 +348,10 @@ class SyncOptimizer(torch.optim.Optimizer):
         since the others are waiting for it; its scaler still backs off its scale."""
         scale = getattr(self, "grad_scale", None)
         found_inf = getattr(self, "found_inf", None)
+        if scale is None and found_inf is None:  # no scaler: nothing to gather, every step
+            return
         grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        if not grads or (scale is None and found_inf is None):
+        if not grads:
             return
         with torch.no_grad():
             if found_inf is not None and float(found_inf) > 0:
