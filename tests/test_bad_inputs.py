@@ -4,10 +4,12 @@ table of inputs; each row here is one of them)."""
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import pytest
 
-from hetsync.config import RunConfig, load_toml
+from hetsync.config import RunConfig, default_out, load_toml
 from hetsync.errors import ConfigError
 from hetsync.launch.launcher import check_capacity
 from hetsync.session import _read_config
@@ -28,6 +30,15 @@ def _refused(config: RunConfig, match: str) -> None:
     ({"momentum": 5.0}, r"--momentum must be in \[0, 1\)"),
     ({"protocol": "prague", "schedule": "static", "workers_per_node": 3, "workers": 4},
      "--workers-per-node 3 does not divide --workers 4"),
+    ({"step_time": 1e12}, "--step-time 1e[+]12 ms is longer than 30 days"),
+    ({"max_time": 1e12}, "--max-time 1e[+]12 s is longer than 30 days"),
+    ({"step_time": 5000.0, "max_time": 3.0}, "no step would end"),
+    ({"hang_timeout": 0.0}, "^--hang-timeout must be > 0 seconds$"),
+    ({"checkpoint_every": 0.0}, "^--checkpoint-every must be > 0 seconds$"),
+    ({"protocol": "prague", "ready_wait": 1e15}, "--ready-wait must be at most 60000"),
+    ({"protocol": "prague", "ready_wait": math.nan}, "--ready-wait must be a finite number"),
+    ({"protocol": "prague", "group_division": 3, "workers": 2},
+     "--group-division must be in 1..1"),
 ])
 def test_meaningless_numbers_are_refused(options, match):
     _refused(RunConfig(workload="svm", **options), match)
@@ -42,6 +53,33 @@ def test_meaningless_numbers_are_refused(options, match):
 def test_a_config_value_of_the_wrong_type_is_named(key, value, match):
     with pytest.raises(ConfigError, match=f"run.toml: {match}"):
         RunConfig.from_dict({"protocol": "hop", key: value}, source="run.toml")
+
+
+def test_a_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path):
+    """A FIFO would block the read forever and /dev/zero fill the memory: refused by kind."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "is not a regular file"), (Path("/dev/zero"), "is not a regular"),
+                       (tmp_path, "is a directory, not a file")):
+        _refused(RunConfig(workload="svm", protocol="dpsgd", topology=f"edges:{path}"), kind)
+        _refused(RunConfig(workload="svm", slowdown=f"trace:{path}"), kind)
+        _refused(RunConfig(script=[str(path)]), f"script {path} {kind}")
+        with pytest.raises(ConfigError, match=kind):
+            load_toml(path)
+    _refused(RunConfig(workload="svm", slowdown="trace:"), "trace file: no file given")
+
+
+def test_one_option_spelled_two_ways_in_a_config_file_is_refused():
+    with pytest.raises(ConfigError, match="'max-time' and 'max_time' are one option"):
+        RunConfig.from_dict({"max-time": 3, "max_time": 4}, source="run.toml")
+    with pytest.raises(ConfigError, match="out is empty"):
+        RunConfig.from_dict({"out": ""}, source="run.toml")
+
+
+def test_a_label_names_one_directory_under_runs():
+    for label in ("../../escape", "a/b", ".."):
+        out = default_out(RunConfig(label=label))
+        assert out.parent == Path("runs") and ".." not in out.parts
 
 
 def test_binary_files_are_refused_in_one_line(tmp_path):

@@ -96,7 +96,7 @@ def test_unknown_key_in_config_file(tmp_path, capsys):
 
 def test_launch_needs_an_existing_script(capsys):
     assert main(["launch", "--workers", "2", "/no/script.py"]) == 2
-    assert "script '/no/script.py' not found" in capsys.readouterr().err
+    assert "script /no/script.py not found" in capsys.readouterr().err
 
 
 def test_report_of_a_missing_run(tmp_path, capsys):
@@ -266,3 +266,12 @@ def test_train_flags_give_back_a_variants_options(variant):
 def test_on_failure_help_names_the_protocols_that_tolerate_a_loss(capsys):
     text = " ".join(_option_help("train", capsys)["--on-failure"].split())
     assert TOLERATE_LOSS and all(f"{name}," in text for name in TOLERATE_LOSS)
+
+
+@pytest.mark.parametrize("command", [["train", "--workload", "svm"], ["report", "runs/x"],
+                                     ["bench"], ["demo"]])
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(command, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([*command, "--out", ""])
+    assert stop.value.code == 2
+    assert "argument --out: is empty: give a path" in capsys.readouterr().err

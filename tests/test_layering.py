@@ -66,6 +66,7 @@ RULES = (
     ("hetsync.slowdown", "base"),
     ("hetsync.affinity", "base"),
     ("hetsync.malloc_settings", "base"),
+    ("hetsync.user_files", "base"),
     ("hetsync.workloads*", "base"),
     ("hetsync.config", "config"),
     ("hetsync.session", "session"),

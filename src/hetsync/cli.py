@@ -98,7 +98,17 @@ _DEFAULT_TEXT = {
     "label": "the protocol",
     "checkpoint_every": "no checkpoints",
 }
-_TYPES = {"out": Path, "data_dir": Path}
+
+
+def _path(text: str) -> Path:
+    """A path flag's value: an empty one (an unset variable, `--out ''`) would be Path(".")
+    and put a run's files in the current folder."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: give a path")
+    return Path(text)
+
+
+_TYPES = {"out": _path, "data_dir": _path}
 
 
 class _HelpFormatter(argparse.HelpFormatter):
@@ -132,7 +142,7 @@ def default_text(f: dataclasses.Field[object]) -> str:
     return str(f.default)
 
 
-def _flag_type(f: dataclasses.Field[object]) -> type:
+def _flag_type(f: dataclasses.Field[object]) -> Callable[[str], object]:
     declared = str(f.type)  # a string: annotations are postponed
     if f.name in _TYPES:
         return _TYPES[f.name]
@@ -146,7 +156,7 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
     Their help shows RunConfig's defaults (the flags' own are SUPPRESS, to tell given from
     not given); a bool field defaulting to on gets a --no-NAME flag.
     """
-    parser.add_argument("--config", type=Path, help="TOML file with the same options (see "
+    parser.add_argument("--config", type=_path, help="TOML file with the same options (see "
                         "docs/configuration.md; flags given here win) (default: none)")
     for f in option_fields():
         if f.name == "script" or (script and f.name == "workload"):
@@ -189,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     add = functools.partial(sub.add_parser, formatter_class=_HelpFormatter)
     train = add("train", help="train a built-in workload with N workers")
     _add_run_options(train, script=False)
-    train.add_argument("--resume", type=Path, metavar="DIR", help="go on with the stopped or "
+    train.add_argument("--resume", type=_path, metavar="DIR", help="go on with the stopped or "
                        "failed run in DIR from its workers' checkpoints (--checkpoint-every), "
                        "with its recorded options; only --max-time, --max-iterations, --fault "
                        "and --quiet may be given to change them (default: a new run)")
@@ -201,11 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_options(simulate, script=False)
     _add_simulate_options(simulate)
     report = add("report", help="plots and a table from run directories")
-    report.add_argument("runs", nargs="+", type=Path, help="run directories")
-    report.add_argument("--out", type=Path, required=True, help="folder for plots and report.md")
+    report.add_argument("runs", nargs="+", type=_path, help="run directories")
+    report.add_argument("--out", type=_path, required=True, help="folder for plots and report.md")
     _add_bench_parser(add)
     demo = add("demo", help="the default bench at a small size (4 workers, 30 s runs)")
-    demo.add_argument("--out", type=Path, default=Path("runs/demo"), help="output folder")
+    demo.add_argument("--out", type=_path, default=Path("runs/demo"), help="output folder")
     demo.add_argument("--workers", type=int, default=4, help="number of workers")
     demo.add_argument("--max-time", type=float, default=30.0, help="seconds per run at most")
     add("protocols", help="list the available protocols")
@@ -243,7 +253,7 @@ def _add_bench_parser(add: Callable[..., argparse.ArgumentParser]) -> None:
     )
     bench.add_argument("--suite", choices=list(SUITES),
                        help=f"which suite (default: {defaults.suite})")
-    bench.add_argument("--out", type=Path, help="suite folder (default: runs/bench-SUITE)")
+    bench.add_argument("--out", type=_path, help="suite folder (default: runs/bench-SUITE)")
     bench.add_argument("--workload", help="cnn or svm (or another built-in); in a suite whose "
                        "settings name their workloads (real, real-small), only its settings "
                        f"of this one (default: {defaults.workload}, or digits where "

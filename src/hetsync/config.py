@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -31,6 +32,7 @@ from hetsync.protocols.option_field import check_values, flag
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
 from hetsync.transport.placement import BACKENDS, DEVICES
+from hetsync.user_files import check_user_file, read_user_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,6 +42,9 @@ else:  # pragma: no cover - Python 3.10
 __all__ = ["RunConfig", "default_out", "load_toml", "option_fields"]
 
 _T = TypeVar("_T")
+#: The longest duration an option may give (30 days): beyond it a value is a typo or a unit
+#: mistaken, and the OS's sleep and timers overflow far later, inside a worker.
+_LONGEST_S = 30 * 24 * 3600.0
 _CHOICES = {
     "weights": WEIGHTS,
     "backend": BACKENDS,
@@ -216,11 +221,20 @@ class RunConfig(_RunOptions):
                                   f"(got {value})")
         if self.momentum is not None and not 0 <= self.momentum < 1:
             raise ConfigError(f"--momentum must be in [0, 1) (got {self.momentum})")
-        if self.max_time == 0:
-            raise ConfigError("--max-time must be > 0 seconds")
-        if self.eval_every == 0 or self.hang_timeout == 0 or self.checkpoint_every == 0:
-            raise ConfigError("--eval-every, --hang-timeout and --checkpoint-every must be > 0 "
-                              "seconds")
+        for name in ("max_time", "eval_every", "hang_timeout", "checkpoint_every"):
+            if getattr(self, name) == 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be > 0 seconds")
+        for name, limit in (("step_time", 1000 * _LONGEST_S), ("max_time", _LONGEST_S),
+                            ("eval_every", _LONGEST_S), ("hang_timeout", _LONGEST_S),
+                            ("checkpoint_every", _LONGEST_S)):
+            value = getattr(self, name)
+            if value is not None and value > limit:
+                unit = "ms" if name == "step_time" else "s"
+                raise ConfigError(f"--{name.replace('_', '-')} {value:g} {unit} is longer "
+                                  "than 30 days: is the unit right?")
+        if self.max_time is not None and self.step_time / 1000 >= self.max_time:
+            raise ConfigError(f"--step-time {self.step_time:g} ms is as long as --max-time "
+                              f"{self.max_time:g} s or longer: no step would end")
         if self.checkpoint_every is not None and self.script:
             raise ConfigError("--checkpoint-every checkpoints the built-in workloads' training; "
                               "a script checkpoints itself (SyncOptimizer.state_dict(), see "
@@ -251,8 +265,8 @@ class RunConfig(_RunOptions):
             essential_ranks(self)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
-        if self.script and not Path(self.script[0]).is_file():
-            raise ConfigError(f"script {self.script[0]!r} not found")
+        if self.script:
+            check_user_file(self.script[0], "script")
         return self
 
     def resolved(self) -> RunConfig:
@@ -305,6 +319,8 @@ class RunConfig(_RunOptions):
                                   f"(got {value!r})")
         for key in ("out", "data_dir"):
             if values.get(key) is not None:
+                if not str(values[key]).strip():  # Path("") is ".": the current folder
+                    raise ConfigError(f"{source}: {key} is empty: give a path")
                 values[key] = Path(values[key])
         return cls(**values)
 
@@ -348,7 +364,7 @@ def lift_tables(values: Mapping[str, Any], source: str,
     protocol (`[hop]`; `values`' own `protocol`, else `protocol`); a flat key wins over the
     table's. A table of another protocol, a key that is not its protocol's option, or a table
     that is not one is refused by name."""
-    flat = {key.replace("-", "_"): value for key, value in values.items()}
+    flat = _underscored(values, source)
     protocol = flat.get("protocol", protocol)
     lifted: dict[str, Any] = {}
     for name in [key for key in flat if key in BUILTIN]:
@@ -356,7 +372,7 @@ def lift_tables(values: Mapping[str, Any], source: str,
         if not isinstance(table, dict):
             raise ConfigError(f"{source}: {name} must be a table of {name}'s options "
                               f"(got {table!r})")
-        table = {key.replace("-", "_"): value for key, value in table.items()}
+        table = _underscored(table, f"{source}: [{name}]")
         if table and name != protocol:
             raise ConfigError(f"{source}: [{name}] sets {name}'s options, but the protocol is "
                               f"{protocol} (move them, or set protocol = \"{name}\")")
@@ -369,6 +385,20 @@ def lift_tables(values: Mapping[str, Any], source: str,
                                   f"options: {known})")
         lifted |= table
     return {**lifted, **flat}
+
+
+def _underscored(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    """`values` with `-` in keys read as `_`; one option spelled both ways is refused, since
+    either value would silently win."""
+    out: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for key, value in values.items():
+        name = key.replace("-", "_")
+        if name in out:
+            raise ConfigError(f"{source}: {spelled[name]!r} and {key!r} are one option: keep "
+                              "one")
+        out[name], spelled[name] = value, key
+    return out
 
 
 def _not_its_own(name: str, protocol: object, owners: dict[str, tuple[str, ...]]) -> str:
@@ -399,19 +429,16 @@ def _options_for(protocol: str, given: Any, values: dict[str, Any]) -> Any:
 
 
 def default_out(config: RunConfig) -> Path:
-    """The run directory of a run without `--out`: its label and the time it started."""
+    """The run directory of a run without `--out`: its label and the time it started, one
+    directory under runs/ whatever the label holds (`../x` or `a/b` would leave it)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return Path("runs") / f"{config.label or config.protocol}-{stamp}"
+    name = re.sub(r"[^\w.-]+", "-", config.label or config.protocol).strip(".-") or "run"
+    return Path("runs") / f"{name}-{stamp}"
 
 
 def load_toml(path: Path) -> dict[str, Any]:
     """Read a `--config FILE.toml`; errors name the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"--config file {path} not found")
     try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"--config file {path} is not a text file (not UTF-8)") from None
+        return tomllib.loads(read_user_text(path, "--config file"))
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"--config file {path} is not valid TOML: {error}") from None

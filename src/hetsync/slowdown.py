@@ -12,6 +12,7 @@ where there is no kernel to do it (the simulator).
 from __future__ import annotations
 
 import csv
+import math
 import os
 import random
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from hetsync.affinity import pin_process
 from hetsync.errors import ConfigError
+from hetsync.user_files import read_user_text
 
 __all__ = ["ENV_CPU_CGROUP", "SlowdownSpec", "join_cpu_quota", "parse_slowdown", "pacing"]
 
@@ -28,6 +30,9 @@ __all__ = ["ENV_CPU_CGROUP", "SlowdownSpec", "join_cpu_quota", "parse_slowdown",
 #: building the model; most of a minute at a quarter core) runs at full speed, since every
 #: slowdown acts on iterations, and a suite's straggler run is not a minute longer.
 ENV_CPU_CGROUP = "HETSYNC_CPU_CGROUP"
+#: The largest slowdown factor: a worker 1000 times slower is as good as stopped, and a
+#: sleep of an infinite or overflowing time would fail inside the worker.
+MAX_FACTOR = 1000.0
 
 _FORMS = ("none, deterministic:ranks=R[+R...],factor=F, random:p=P,factor=F, "
           "cpu:ranks=R[+R...],share=S or trace:FILE")
@@ -132,8 +137,9 @@ def parse_slowdown(text: str, seed: int = 0) -> SlowdownSpec:
     if kind == "cpu":
         return _parse_cpu(params, text)
     factor = _number(params.pop("factor", None), "factor", text)
-    if factor < 1:
-        raise ConfigError(f"bad --slowdown {text!r}: factor must be >= 1 (got {factor:g})")
+    if not 1 <= factor <= MAX_FACTOR:
+        raise ConfigError(f"bad --slowdown {text!r}: factor must be in [1, {MAX_FACTOR:g}] "
+                          f"(got {factor:g})")
     if kind == "deterministic":
         ranks = _ranks(params, text)
         _no_extra(params, text)
@@ -176,9 +182,12 @@ def _number(value: str | None, name: str, text: str) -> float:
     if value is None:
         raise ConfigError(f"bad --slowdown {text!r}: missing {name}=")
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ConfigError(f"bad --slowdown {text!r}: {name}={value} is not a number") from None
+    if not math.isfinite(number):
+        raise ConfigError(f"bad --slowdown {text!r}: {name}={value} is not a finite number")
+    return number
 
 
 def _rank(value: str, text: str) -> int:
@@ -193,32 +202,22 @@ def _no_extra(params: dict[str, str], text: str) -> None:
 
 
 def _parse_trace(path_text: str, text: str) -> SlowdownSpec:
+    content = read_user_text(path_text, f"bad --slowdown {text!r}: trace file")
     path = Path(path_text)
-    if not path_text or not path.is_file():
-        raise ConfigError(f"bad --slowdown {text!r}: trace file {path_text!r} not found")
-    try:
-        return _read_trace(path, text)
-    except UnicodeDecodeError:
-        raise ConfigError(f"bad --slowdown {text!r}: trace file {path} is not a text file "
-                          "(not UTF-8)") from None
-
-
-def _read_trace(path: Path, text: str) -> SlowdownSpec:
     trace: dict[tuple[int, int], float] = {}
-    with path.open(newline="", encoding="utf-8") as f:
-        for line_no, row in enumerate(csv.reader(f), start=1):
-            if not row or row[0].strip().startswith("#") or (line_no == 1 and row[0] == "rank"):
-                continue
-            try:
-                rank, iteration, factor = int(row[0]), int(row[1]), float(row[2])
-            except (ValueError, IndexError):
-                raise ConfigError(
-                    f"bad trace {path}: line {line_no} is not 'rank,iteration,factor'"
-                ) from None
-            if rank < 0 or iteration < 1 or factor < 1:
-                raise ConfigError(
-                    f"bad trace {path}: line {line_no} needs rank >= 0, iteration >= 1, "
-                    "factor >= 1"
-                )
-            trace[(rank, iteration)] = factor
+    for line_no, row in enumerate(csv.reader(content.splitlines()), start=1):
+        if not row or row[0].strip().startswith("#") or (line_no == 1 and row[0] == "rank"):
+            continue
+        try:
+            rank, iteration, factor = int(row[0]), int(row[1]), float(row[2])
+        except (ValueError, IndexError):
+            raise ConfigError(
+                f"bad trace {path}: line {line_no} is not 'rank,iteration,factor'"
+            ) from None
+        if rank < 0 or iteration < 1 or not 1 <= factor <= MAX_FACTOR:
+            raise ConfigError(
+                f"bad trace {path}: line {line_no} needs rank >= 0, iteration >= 1, "
+                f"factor in [1, {MAX_FACTOR:g}]"
+            )
+        trace[(rank, iteration)] = factor
     return SlowdownSpec(kind="trace", trace=trace, text=text)

@@ -30,6 +30,7 @@ import networkx as nx
 import numpy as np
 
 from hetsync.errors import ConfigError
+from hetsync.user_files import read_user_text
 
 __all__ = [
     "TOPOLOGIES", "WEIGHTS", "Topology", "TopologyError", "bipartite_exponential", "build",
@@ -234,12 +235,7 @@ def from_edges_file(path: str | Path, world: int, weights: str = "uniform") -> T
     """
     _check_world(world)
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise TopologyError(f"cannot read edges file {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError:
-        raise TopologyError(f"edges file {path} is not a text file (not UTF-8)") from None
+    text = read_user_text(path, "edges file", TopologyError)
     rows: list[tuple[int, int, float | None]] = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = [f for f in re.split(r"[,\s]+", line.split("#", 1)[0]) if f]

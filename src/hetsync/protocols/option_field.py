@@ -28,13 +28,15 @@ class OptionSpec:
     finite: bool = False
     default_text: str | None = None
     """The default in words where it is not a value (None: 'the power-of-two schedule')."""
+    at_most: float | None = None
+    """None: no upper bound."""
 
 
 def option(default: Any, *, help: str, choices: tuple[str, ...] = (),
            at_least: int | None = None, finite: bool = False,
-           default_text: str | None = None) -> Any:
+           default_text: str | None = None, at_most: float | None = None) -> Any:
     """A dataclass field for an `Options` class: `max_gap: int = option(8, help=...)`."""
-    spec = OptionSpec(help, tuple(choices), at_least, finite, default_text)
+    spec = OptionSpec(help, tuple(choices), at_least, finite, default_text, at_most)
     return dataclasses.field(default=default, metadata={_KEY: spec})
 
 
@@ -64,3 +66,5 @@ def check_values(options: object) -> None:
             raise ConfigError(f"{flag(f.name)} must be >= {spec.at_least} (got {value})")
         if spec.finite and not math.isfinite(value):
             raise ConfigError(f"{flag(f.name)} must be a finite number (got {value})")
+        if spec.at_most is not None and value > spec.at_most:
+            raise ConfigError(f"{flag(f.name)} must be at most {spec.at_most:g} (got {value:g})")

@@ -41,8 +41,9 @@ class Options:
                                     "(recommended) or batch reading of Group Buffer")
     group_division: int = option(1, at_least=1, help="Prague: Group Division, groups form "
                                  "within K divisions")
-    ready_wait: float = option(20.0, at_least=0, finite=True, help="Prague, --gg-policy ready: "
-                               "ms to wait for a full group")
+    ready_wait: float = option(20.0, at_least=0, at_most=60_000, finite=True,
+                               help="Prague, --gg-policy "
+                               "ready: ms to wait for a full group (at most a minute)")
     """Then the Group Generator groups whoever waits."""
     preduce: str = option("auto", choices=PREDUCE_KINDS, help="Prague: P-Reduce "
                           "implementation: auto (by the network model; without one, mesh under "
@@ -95,6 +96,11 @@ def check(config: RunOptions) -> None:
                               f"{config.workers} into whole nodes")
         validate_period(config.workers, static_schedule(config.workers, per_node))
         return
+    most = config.workers // group_size(config)
+    if not 1 <= config.group_division <= most:
+        raise ConfigError(f"--group-division must be in 1..{most}, so that each of its "
+                          f"divisions of the {config.workers} workers holds a group of "
+                          f"{group_size(config)} (got {config.group_division})")
     if config.group_buffer and config.gg_policy != "random":
         raise ConfigError("--group-buffer applies to --gg-policy random (ready groups never "
                           "conflict): add --gg-policy random")
