@@ -39,6 +39,8 @@ def _refused(config: RunConfig, match: str) -> None:
     ({"protocol": "prague", "ready_wait": math.nan}, "--ready-wait must be a finite number"),
     ({"protocol": "prague", "group_division": 3, "workers": 2},
      "--group-division must be in 1..1"),
+    ({"topology": "edges:/missing.txt"}, "--topology shapes the graph of .*allreduce has none"),
+    ({"protocol": "prague", "weights": "metropolis"}, "--weights shapes the graph of"),
 ])
 def test_meaningless_numbers_are_refused(options, match):
     _refused(RunConfig(workload="svm", **options), match)

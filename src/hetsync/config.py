@@ -23,6 +23,7 @@ from hetsync.metrics import strict_json
 from hetsync.network.spec import parse_network, parse_payload
 from hetsync.protocols.catalog import (
     BUILTIN,
+    GRAPH_PROTOCOLS,
     OPTIONS_OF,
     check_protocol_options,
     essential_ranks,
@@ -261,6 +262,12 @@ class RunConfig(_RunOptions):
         if parse_payload(self.payload) is not None and network is None:
             raise ConfigError("--payload charges messages on an emulated network: give --network")
         check_protocol_options(self)
+        if self.protocol in BUILTIN and self.protocol not in GRAPH_PROTOCOLS:
+            for name in ("topology", "weights"):
+                if getattr(self, name) != getattr(RunConfig, name):
+                    raise ConfigError(f"{flag(name)} shapes the graph of "
+                                      f"{', '.join(GRAPH_PROTOCOLS)}; {self.protocol} has none "
+                                      f"(got {getattr(self, name)!r})")
         if self.on_failure == "continue":
             essential_ranks(self)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():

@@ -7,7 +7,8 @@ decisions, without I/O) and, by these names:
 - `options.py` (optional): an `Options` dataclass (its flags, each field declared with
   `hetsync.protocols.option_field.option`: help, choices, range), a `check(config)` function
   (the checks that need the whole run's options) and, for a protocol that can go on without a
-  lost worker, `tolerate_loss(config)` (see `essential_ranks`, `TOLERATE_LOSS`);
+  lost worker, `tolerate_loss(config)` (see `essential_ranks`, `TOLERATE_LOSS`), and
+  `USES_TOPOLOGY = True` for a protocol that averages over `--topology` (`GRAPH_PROTOCOLS`);
 - `simulation.py` (optional): `build_workers(sim)`, its simulation (`SIMULATED`), imported
   by the simulator only;
 - `variants.py`: `VARIANTS`, its `NamedVariant`s, one of them the default (`all_variants`),
@@ -34,9 +35,9 @@ from hetsync.protocols.variant import NamedVariant
 if TYPE_CHECKING:
     from hetsync.protocols.run_options import RunOptions
 
-__all__ = ["BUILTIN", "OPTIONS_OF", "PROTOCOL_OPTIONS", "SIMULATED", "TOLERATE_LOSS",
-           "all_variants", "check_protocol_options", "essential_ranks", "option_clashes",
-           "option_owners"]
+__all__ = ["BUILTIN", "GRAPH_PROTOCOLS", "OPTIONS_OF", "PROTOCOL_OPTIONS", "SIMULATED",
+           "TOLERATE_LOSS", "all_variants", "check_protocol_options", "essential_ranks",
+           "option_clashes", "option_owners"]
 
 #: Names of the built-in protocols: the packages beside this module that have a driver.
 _HERE = Path(__file__).parent
@@ -104,6 +105,12 @@ def option_clashes(run_options: Iterable[str],
 #: whose options module has `tolerate_loss`.
 TOLERATE_LOSS = tuple(name for name, module in _MODULES.items()
                       if hasattr(module, "tolerate_loss"))
+
+
+#: The built-in protocols that average over a graph (`--topology`, `--weights`): those whose
+#: options module sets `USES_TOPOLOGY`.
+GRAPH_PROTOCOLS = tuple(name for name, module in _MODULES.items()
+                        if getattr(module, "USES_TOPOLOGY", False))
 
 
 @functools.cache

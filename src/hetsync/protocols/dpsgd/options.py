@@ -11,6 +11,9 @@ if TYPE_CHECKING:
 
 __all__ = ["check"]
 
+#: Its neighbours are `--topology`'s, weighted by `--weights` (catalog.GRAPH_PROTOCOLS).
+USES_TOPOLOGY = True
+
 
 def check(config: RunOptions) -> None:
     build(config.topology, config.workers, config.weights).require_doubly_stochastic()

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Options", "check", "tolerate_loss"]
 
+#: Its neighbours are `--topology`'s, weighted by `--weights` (catalog.GRAPH_PROTOCOLS).
+USES_TOPOLOGY = True
+
 _HOP = HopConfig()  # the defaults, defined once in the core
 
 
