@@ -153,6 +153,7 @@ def test_bad_input_gets_one_line(tmp_path, capsys, argv, message):
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()  # nothing left that blocks the mended command
 
 
 def test_every_protocol_has_a_simulation():

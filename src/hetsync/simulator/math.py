@@ -37,13 +37,18 @@ MATH_WORKLOADS = ("svm",)
 _DATA: dict[tuple[str, Path | None], DataSplit] = {}  # loaded once per process (fuzzing runs many)
 
 
+def check_math(config: RunConfig) -> None:
+    """ConfigError unless `config`'s workload is one `MathModel` holds."""
+    if config.workload not in MATH_WORKLOADS:
+        raise ConfigError(f"--math supports --workload {', '.join(MATH_WORKLOADS)} (got "
+                          f"{config.workload!r}): it holds every worker's model at once")
+
+
 class MathModel:
     """Every worker's svm model, optimizer state and data position."""
 
     def __init__(self, config: RunConfig) -> None:
-        if config.workload not in MATH_WORKLOADS:
-            raise ConfigError(f"--math supports --workload {', '.join(MATH_WORKLOADS)} (got "
-                              f"{config.workload!r}): it holds every worker's model at once")
+        check_math(config)
         # Each operation is tiny (a 64 x 785 product): a second intra-op thread only adds
         # hand-offs, which cost milliseconds on a busy machine instead of microseconds.
         torch.set_num_threads(1)

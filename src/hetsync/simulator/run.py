@@ -36,7 +36,7 @@ from hetsync.network.spec import parse_payload
 from hetsync.protocols.catalog import SIMULATED, essential_ranks
 from hetsync.protocols.registry import validated
 from hetsync.simulator.costs import LOCAL_NETWORK, SERVICE_S, Costs
-from hetsync.simulator.math import MathModel
+from hetsync.simulator.math import MathModel, check_math
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.workloads import get_workload
 
@@ -59,13 +59,23 @@ class SimOptions:
     progress: bool = True
 
 
-def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
-    """A ready-to-run simulation of a validated, resolved `config`."""
+def check(config: RunConfig, options: SimOptions = SimOptions()) -> None:
+    """Raise ConfigError where `config` is not one the simulator can run: before its run
+    directory is made, so that a refused command leaves nothing that blocks the mended one."""
+    if options.math:
+        check_math(config)
     if not config.step_time:
         raise ConfigError("hetsync simulate needs --step-time MS: the compute time of one "
                           "iteration is what the simulator charges")
     if config.script:
         raise ConfigError("hetsync simulate runs the built-in workloads, not a script")
+    simulation(config.protocol)
+    _kills(config)
+
+
+def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
+    """A ready-to-run simulation of a validated, resolved `config`."""
+    check(config, options)
     kills = _kills(config)
     declared = parse_payload(config.payload)
     payload = float(declared if declared is not None
@@ -122,6 +132,7 @@ def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult
     # Before validate(), which builds structures as large as the run (Prague's GG).
     check_capacity(config.workers, per_worker=per_worker, what="simulated workers")
     config = validated(config).resolved()
+    check(config, options)
     run_dir = Path(config.out) if config.out else default_out(config)
     with RunLock(run_dir):
         prepare_run_dir(config, run_dir)
