@@ -88,3 +88,25 @@ def test_unknown_workload_lists_known():
     with pytest.raises(ConfigError, match="unknown workload 'mnist'.*cnn"):
         get_workload("mnist")
     assert {"cnn", "svm", "resnet", "digits"} <= set(available_workloads())
+
+
+def test_a_damaged_gzip_is_one_line_naming_the_file(tiny_fashion):
+    images = tiny_fashion / "train-images-idx3-ubyte.gz"
+    whole = images.read_bytes()
+    for damaged in (bytes(range(256)) * 8, whole[: len(whole) // 2]):  # not gzip; cut short
+        images.write_bytes(damaged)
+        with pytest.raises(ConfigError, match=f"cannot read {images}") as error:
+            load_fashion_mnist(tiny_fashion)
+        assert "\n" not in str(error.value)
+
+
+def test_a_file_of_the_wrong_shape_is_named(tiny_fashion):
+    labels = tiny_fashion / "train-labels-idx1-ubyte.gz"
+    (tiny_fashion / "train-images-idx3-ubyte.gz").write_bytes(labels.read_bytes())
+    with pytest.raises(ConfigError, match="train-images-idx3-ubyte.gz holds an array of shape "
+                                          r"\(20,\), not 28x28 images"):
+        load_fashion_mnist(tiny_fashion)
+    _write_idx(labels, np.arange(7))
+    _write_idx(tiny_fashion / "train-images-idx3-ubyte.gz", np.zeros((20, 28, 28)))
+    with pytest.raises(ConfigError, match="not the 20 labels of its images"):
+        load_fashion_mnist(tiny_fashion)

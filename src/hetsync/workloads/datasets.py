@@ -43,8 +43,12 @@ class DataSplit:
 def read_idx(path: Path) -> np.ndarray:
     """Read an IDX file (optionally gzipped), the format MNIST-like datasets ship in."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        data = bytearray(f.read())  # writable, so torch can share the buffer
+    try:
+        with opener(path, "rb") as f:
+            data = bytearray(f.read())  # writable, so torch can share the buffer
+    except (OSError, EOFError) as error:  # gzip.BadGzipFile is an OSError; a cut one, EOF
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise ConfigError(f"cannot read {path}: {reason}") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
         raise ConfigError(f"{path} is not an IDX file of unsigned bytes")
     ndim = data[3]
@@ -69,6 +73,7 @@ def load_fashion_mnist(data_dir: Path | None = None) -> DataSplit:
         paths = {key: _find(folder, stem) for key, stem in _FASHION_FILES.items()}
         if all(paths.values()):
             arrays = {key: read_idx(p) for key, p in paths.items() if p is not None}
+            _check_split(arrays, paths)
             return DataSplit(
                 train_x=_images(arrays["train_x"]),
                 train_y=torch.from_numpy(arrays["train_y"].astype(np.int64)),
@@ -81,6 +86,19 @@ def load_fashion_mnist(data_dir: Path | None = None) -> DataSplit:
         "'sudo apt-get install dataset-fashion-mnist' or pass --data-dir with the IDX files "
         "(or use --workload digits)"
     )
+
+
+def _check_split(arrays: dict[str, np.ndarray], paths: dict[str, Path | None]) -> None:
+    """ConfigError naming the file whose shape is not Fashion-MNIST's (a labels file under an
+    images name would fail deep inside the first forward pass)."""
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_x"], arrays[f"{split}_y"]
+        if images.ndim != 3 or images.shape[1:] != (28, 28):
+            raise ConfigError(f"{paths[f'{split}_x']} holds an array of shape {images.shape}, "
+                              "not 28x28 images")
+        if labels.ndim != 1 or len(labels) != len(images):
+            raise ConfigError(f"{paths[f'{split}_y']} holds an array of shape {labels.shape}, "
+                              f"not the {len(images)} labels of its images")
 
 
 def _images(raw: np.ndarray) -> torch.Tensor:
