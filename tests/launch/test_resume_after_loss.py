@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 
 from hetsync.cli import main
 from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
 from hetsync.launch.checkpoint import checkpoint_path, lost_before, prepare_resume, resume_config
 from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
@@ -19,7 +21,7 @@ def _lost_run(out, protocol: str = "hop", lost_checkpoint: bool = True):
     15 s or none; evaluations every 10 s up to 200 s."""
     out.mkdir()
     config = RunConfig(protocol=protocol, workload="svm", workers=3, checkpoint_every=5.0,
-                       on_failure="continue", out=out).resolved()
+                       on_failure="continue", out=out, max_time=600.0).resolved()
     (out / "config.json").write_text(config.to_json() + "\n")
     checkpoint_path(out, 0).parent.mkdir()
     saved = [(195.0, 3900), (196.0, 3920)] + ([(15.0, 300)] if lost_checkpoint else [])
@@ -39,7 +41,7 @@ def test_only_the_survivors_checkpoints_decide_where_the_resume_goes_on(tmp_path
     config = _lost_run(out, lost_checkpoint=lost_checkpoint)
     lost = lost_before(out, config)
     assert [w["rank"] for w in lost] == [2]
-    resume = prepare_resume(out, 3, frozenset({2}))
+    resume = prepare_resume(out, config, frozenset({2}))
     assert resume.at_s == 196.0
     assert resume.iterations == [3900, 3920, None]
     times = [row["t"] for row in read_jsonl(out / "eval.jsonl")]
@@ -93,3 +95,34 @@ def test_a_run_that_lost_a_worker_resumes_with_the_survivors(protocol, options, 
     assert [r["t"] for r in rows if r["t"] <= earliest] == [t for t in evaluated if t <= earliest]
     final = [row for row in rows if row["model"] == "final"]
     assert final and final[0]["ranks"] == [0, 1, 2]
+
+
+def test_a_resume_with_nothing_left_to_run_is_refused_and_trims_nothing(tmp_path):
+    """Checkpoints past --max-time (or --max-iterations): refused before the logs are cut."""
+    out = tmp_path / "run"
+    config = _lost_run(out, lost_checkpoint=True)
+    evaluations = (out / "eval.jsonl").read_text()
+    for limits, match in (({"max_time": 100.0}, "at 196.0 s of run time, past --max-time 100"),
+                          ({"max_iterations": 3000}, "at iteration 3900, past --max-iterations")):
+        with pytest.raises(ConfigError, match=match):
+            prepare_resume(out, dataclasses.replace(config, **limits), frozenset({2}))
+    assert (out / "eval.jsonl").read_text() == evaluations
+
+
+@pytest.mark.parametrize(("content", "match"), [
+    (b"", "is empty"), (bytes(range(256)), "is damaged"), (None, "is not a file"),
+    ({"hello": 1}, "is not a hetsync checkpoint")])
+def test_a_checkpoint_that_is_not_one_is_named_in_one_line(tmp_path, content, match):
+    out = tmp_path / "run"
+    config = _lost_run(out, lost_checkpoint=True)
+    path = checkpoint_path(out, 1)
+    path.unlink()
+    if content is None:
+        path.mkdir()
+    elif isinstance(content, dict):
+        torch.save(content, path)
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError, match=f"checkpoints/rank1.pt {match}") as error:
+        prepare_resume(out, config, frozenset({2}))
+    assert "\n" not in str(error.value)

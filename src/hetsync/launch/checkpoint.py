@@ -141,29 +141,54 @@ def lost_before(run_dir: Path, config: RunConfig) -> list[dict[str, Any]]:
     return lost
 
 
-def prepare_resume(run_dir: Path, workers: int, lost: frozenset[int] = frozenset()) -> Resume:
-    """Check the checkpoint of every worker not `lost` and trim what the run recorded after
-    the checkpoints; return where the workers go on (the latest checkpoint's run time)."""
-    survivors = [r for r in range(workers) if r not in lost]
-    missing = [r for r in survivors if not checkpoint_path(run_dir, r).is_file()]
+def prepare_resume(run_dir: Path, config: RunConfig,
+                   lost: frozenset[int] = frozenset()) -> Resume:
+    """Check the checkpoint of every worker not `lost`, and that `config`'s limits leave
+    the run something to do, then trim what the run recorded after the checkpoints; return
+    where the workers go on (the latest checkpoint's run time). Nothing is trimmed before
+    every check has passed."""
+    survivors = [r for r in range(config.workers) if r not in lost]
+    missing = [r for r in survivors if not checkpoint_path(run_dir, r).exists()]
     if missing:
         ranks = ", ".join(map(str, missing))
         raise ConfigError(f"--resume {run_dir}: no checkpoint of rank {ranks} "
                           f"(checkpoints/rank{missing[0]}.pt): it failed before its first one")
     times: list[float] = []
-    iterations: list[int | None] = [None] * workers
+    iterations: list[int | None] = [None] * config.workers
     for rank in survivors:
-        try:
-            saved = torch.load(checkpoint_path(run_dir, rank), mmap=True, weights_only=False,
-                               map_location="cpu")  # a GPU run's: no CUDA in the launcher
-        except Exception as error:  # noqa: BLE001 - any unreadable file gets the same line
-            raise ConfigError(f"--resume {run_dir}: checkpoints/rank{rank}.pt cannot be read "
-                              f"({error})") from None
-        times.append(float(saved["t"]))
-        iterations[rank] = int(saved["iteration"])
+        t, iterations[rank] = _checkpoint_position(run_dir, rank)
+        times.append(t)
+    if config.max_time is not None and max(times) >= config.max_time:
+        raise ConfigError(f"--resume {run_dir}: its checkpoints are at {max(times):.1f} s of "
+                          f"run time, past --max-time {config.max_time:g}: give a longer one")
+    done = [i for i in iterations if i is not None]
+    if config.max_iterations is not None and min(done) >= config.max_iterations:
+        raise ConfigError(f"--resume {run_dir}: its checkpoints are at iteration {min(done)}, "
+                          f"past --max-iterations {config.max_iterations}: give more")
     _trim_evaluations(run_dir / "eval.jsonl", min(times))
     shutil.rmtree(run_dir / "snapshots", ignore_errors=True)  # the run before's, unevaluated
     return Resume(at_s=max(times), iterations=iterations)
+
+
+def _checkpoint_position(run_dir: Path, rank: int) -> tuple[float, int]:
+    """(run time, iteration) of `rank`'s checkpoint; ConfigError naming the file for one
+    that is not a file, is empty, damaged, or not a hetsync checkpoint."""
+    path = checkpoint_path(run_dir, rank)
+    name = f"--resume {run_dir}: checkpoints/rank{rank}.pt"
+    if not path.is_file():
+        raise ConfigError(f"{name} is not a file")
+    if path.stat().st_size == 0:
+        raise ConfigError(f"{name} is empty")
+    try:
+        saved = torch.load(path, mmap=True, weights_only=False,
+                           map_location="cpu")  # a GPU run's: no CUDA in the launcher
+    except Exception:  # noqa: BLE001 - any unreadable file gets the same line
+        raise ConfigError(f"{name} is damaged: not an archive torch.save wrote") from None
+    try:
+        return float(saved["t"]), int(saved["iteration"])
+    except (TypeError, KeyError, ValueError):
+        raise ConfigError(f"{name} is not a hetsync checkpoint (no run time and iteration "
+                          "in it)") from None
 
 
 def _trim_evaluations(path: Path, until: float) -> None:

@@ -71,7 +71,7 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
         extra: dict[str, Any] = _placement_facts(placement)
         if resume:
             lost = lost_before(run_dir, config)
-            at = prepare_resume(run_dir, config.workers, frozenset(w["rank"] for w in lost))
+            at = prepare_resume(run_dir, config, frozenset(w["rank"] for w in lost))
             extra["resumed_from"] = [*_earlier_resumes(run_dir), dataclasses.asdict(at)]
             extra["lost_workers"] = lost
             config.out = run_dir
