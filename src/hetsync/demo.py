@@ -11,7 +11,9 @@ import shutil
 from pathlib import Path
 
 from hetsync.bench.command import bench
-from hetsync.bench.runner import SUITE_FILE, BenchOptions
+from hetsync.bench.runner import SUITE_FILE, BenchOptions, plan
+from hetsync.errors import ConfigError
+from hetsync.report.write import out_folder
 
 __all__ = ["run_demo"]
 
@@ -19,12 +21,38 @@ __all__ = ["run_demo"]
 DEMO_TARGET = {"cnn": 0.6}
 """Looser than the headline suite's, so that 4 workers reach it within 30 s."""
 
+DEMO_MARK = ".hetsync-demo"
+"""Written into a demo's folder before anything else: a later demo replaces the files of a
+folder that has it, and refuses any other folder that holds files."""
+
+DEMO_FILES = (SUITE_FILE, "results.json", "results.md", "plots", "runs", DEMO_MARK)
+"""What a demo writes into its folder (hetsync bench's files and the mark): all that a later
+demo removes there. Anything else (a user's notes) stays."""
+
 
 def run_demo(out: Path, workers: int = 4, max_time: float = 30.0, workload: str = "cnn") -> Path:
     """Run the default suite small into `out` (replacing an earlier demo there); return the
-    path of results.md."""
-    if (out / SUITE_FILE).is_file():
-        shutil.rmtree(out)
+    path of results.md. Every option is checked before `out` is touched."""
     options = BenchOptions(workload=workload, workers=workers, max_time=max_time,
-                           target_loss=DEMO_TARGET.get(workload))
+                           target_loss=DEMO_TARGET.get(workload)).check()
+    plan(options.chosen_suite(), options, out)  # refuses options no run can start with
+    _make_room(out)
     return bench(options, out)
+
+
+def _make_room(out: Path) -> None:
+    """Remove an earlier demo's files from `out` and mark it as a demo's. A non-empty `out`
+    without the mark (a bench suite, a run, a user's folder) is refused: its files are not
+    the demo's to remove."""
+    with out_folder(out):
+        if not (out / DEMO_MARK).is_file() and any(out.iterdir()):
+            raise ConfigError(f"--out {out} holds files that no hetsync demo wrote: pass "
+                              "another --out, or remove it")
+        for name in DEMO_FILES:
+            path = out / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        (out / DEMO_MARK).write_text("written by `hetsync demo`: a later demo into this "
+                                     "folder replaces its demo files\n")

@@ -67,7 +67,8 @@ def test_a_protocol_that_cannot_run_in_a_setting_is_kept_with_the_reason(tmp_pat
     left_out = {(r.setting.name, r.variant.label): r.not_applicable for r in runs
                 if r.not_applicable}
     assert list(left_out) == [("4 workers", "prague-division2")]
-    assert "divisions of the 4 workers holds a group of 3" in left_out["4 workers", "prague-division2"]
+    assert "divisions of the 4 workers holds a group of 3" in \
+        left_out["4 workers", "prague-division2"]
 
 
 def test_a_suite_that_cannot_run_at_all_is_an_error(tmp_path):

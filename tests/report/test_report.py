@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from matplotlib.figure import Figure
 
+from hetsync.cli import main
 from hetsync.report import load_run, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -157,3 +161,74 @@ def test_missing_run_directory(tmp_path: Path) -> None:
 def test_no_run_dirs(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="no run directories given"):
         write_report([], tmp_path / "out")
+
+
+# `hetsync report` refuses a damaged run or an unwritable --out in one line (exit status 2),
+# never a traceback, and leaves the user's files as they were.
+
+BINARY = bytes(range(128, 256)) * 4
+
+
+def _summary(run: Path, **changes: object) -> None:
+    summary = json.loads((run / "summary.json").read_text())
+    (run / "summary.json").write_text(json.dumps({**summary, **changes}))
+
+
+def _row_of_rank1(run: Path) -> None:
+    with (run / "workers" / "rank1.jsonl").open("a") as f:
+        f.write(json.dumps({"t": "x", "iteration": 51}) + "\n")
+
+
+DAMAGE: list[tuple[str, Callable[[Path], object], str]] = [
+    ("binary eval.jsonl", lambda run: (run / "eval.jsonl").write_bytes(BINARY),
+     "eval.jsonl is not a text file (not UTF-8)"),
+    ("binary worker rows", lambda run: (run / "workers" / "rank0.jsonl").write_bytes(BINARY),
+     "rank0.jsonl is not a text file (not UTF-8)"),
+    ("empty summary", lambda run: (run / "summary.json").write_text("{}"),
+     "summary.json is not a run summary (no protocol)"),
+    ("a string for a number", lambda run: _summary(run, wall_time_s="fast"),
+     "summary.json: wall_time_s must be a number or null (got 'fast')"),
+    ("a string in iterations", lambda run: _summary(run, iterations=[50, "x"]),
+     "summary.json: iterations must be a list of numbers or null"),
+    ("a number for the label", lambda run: _summary(run, label=3),
+     "summary.json: label must be a string (got 3)"),
+    ("a row's time a string", _row_of_rank1,
+     "rank1.jsonl, row 51: t must be a number (got 'x')"),
+]
+
+
+@pytest.mark.parametrize(("damage", "fragment"), [(d, f) for _, d, f in DAMAGE],
+                         ids=[name for name, _, _ in DAMAGE])
+def test_a_damaged_run_is_one_line(damage, fragment, tmp_path, capsys):
+    run = make_run(tmp_path, "run", time_to_target=8.0, samples_per_s=100.0)
+    damage(run)
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hetsync: error: ") and fragment in err, err
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "report").exists()  # refused before writing anything
+
+
+def test_an_out_that_is_a_file_is_one_line_and_kept(tmp_path, capsys):
+    run = make_run(tmp_path, "run", time_to_target=8.0, samples_per_s=100.0)
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    assert main(["report", str(run), "--out", str(afile)]) == 2
+    assert capsys.readouterr().err == f"hetsync: error: --out {afile} is a file, not a folder\n"
+    assert afile.read_text() == "mine\n"
+    # An --out that cannot be made (root ignores chmod: under a file, as on a read-only disk).
+    assert main(["report", str(run), "--out", str(afile / "sub")]) == 2
+    assert capsys.readouterr().err == (f"hetsync: error: --out {afile / 'sub'} cannot be "
+                                       "written: Not a directory\n")
+
+
+def test_a_full_disk_is_one_line(tmp_path, capsys, monkeypatch):
+    def full(self: Figure, *args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    run = make_run(tmp_path, "run", time_to_target=8.0, samples_per_s=100.0)
+    out = tmp_path / "report"
+    assert main(["report", str(run), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"hetsync: error: --out {out} cannot be written: "
+                                       "No space left on device\n")

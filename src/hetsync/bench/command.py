@@ -8,6 +8,7 @@ from pathlib import Path
 from hetsync.bench.markdown import headline_lines, setting_table, write_markdown
 from hetsync.bench.results import collect, write_results
 from hetsync.bench.runner import BenchOptions, PlannedRun, plan, run_suite
+from hetsync.report.write import out_folder
 
 __all__ = ["bench", "command_line"]
 
@@ -45,8 +46,9 @@ def bench(options: BenchOptions, out: Path, resume: bool = False,
 def _write(options: BenchOptions, runs: list[PlannedRun], out: Path) -> Path:
     suite = options.chosen_suite()
     results = collect(suite, options, runs, out)
-    write_results(results, out)
-    report = write_markdown(results, runs, out, command_line(options, out))
+    with out_folder(out):  # a full disk: one line
+        write_results(results, out)
+        report = write_markdown(results, runs, out, command_line(options, out))
     print()
     for setting in results["settings"]:
         print(f"{setting['name']} ({setting['workers']} workers, slowdown {setting['slowdown']})")

@@ -22,6 +22,7 @@ from hetsync.errors import ConfigError, Deadlock, WorkerFailed
 from hetsync.launch.launcher import run as launch
 from hetsync.metrics import strict_json
 from hetsync.report.plots import slug
+from hetsync.report.write import out_folder
 from hetsync.simulator.run import SimOptions, simulate
 from hetsync.workloads import get_workload
 
@@ -141,7 +142,9 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "slowdown": setting.slowdown,
                     "network": options.network or setting.network,
                     "payload": options.payload or setting.payload,
-                    "max_time": options.max_time or suite.max_time,
+                    # `is None`, not `or`: a --max-time 0 reaches validate(), which refuses it
+                    "max_time": suite.max_time if options.max_time is None
+                    else options.max_time,
                     "eval_every": eval_every(setting.workload or options.workload),
                     "target_loss": options.target_loss or suite.target_loss.get(
                         setting.workload or options.workload),
@@ -184,14 +187,21 @@ def _claim_folder(out: Path, options: BenchOptions, resume: bool) -> None:
         return
     if resume:
         raise ConfigError(f"--resume: {out} holds no suite run ({SUITE_FILE} missing)")
-    out.mkdir(parents=True, exist_ok=True)
-    record.write_text(strict_json.dumps(asdict(options), indent=2) + "\n")
+    with out_folder(out):  # a file, a read-only place: one line
+        record.write_text(strict_json.dumps(asdict(options), indent=2) + "\n")
 
 
 def recorded_options(out: Path) -> BenchOptions | None:
-    """The options a suite folder was started with, for --resume without repeating them."""
+    """The options a suite folder was started with, for --resume without repeating them; a
+    damaged record is one line (ConfigError), not a traceback."""
     record = out / SUITE_FILE
-    return BenchOptions(**json.loads(record.read_text())) if record.is_file() else None
+    if not record.is_file():
+        return None
+    try:
+        return BenchOptions(**json.loads(record.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as error:  # unreadable, not JSON, unknown keys
+        raise ConfigError(f"{record} is not a suite's record ({error}): a damaged file; "
+                          "choose another --out") from None
 
 
 def run_suite(options: BenchOptions, out: Path, resume: bool = False,

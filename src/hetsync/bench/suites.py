@@ -91,6 +91,9 @@ class Suite:
         (one worker alone) stay whole, since they are the ideal of the others; a setting left
         with no variant is dropped. An unknown label is refused with the suite's labels."""
         known = {v.label for s in self.settings for v in self.variants_of(s)}
+        if not labels:
+            raise ConfigError(f"--variants names no variant (suite {self.name}'s: "
+                              f"{', '.join(sorted(known))})")
         if unknown := [label for label in labels if label not in known]:
             raise ConfigError(f"--variants: {', '.join(unknown)} not in suite {self.name} "
                               f"(its variants: {', '.join(sorted(known))})")

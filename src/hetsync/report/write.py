@@ -2,33 +2,51 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+from hetsync.errors import ConfigError
 from hetsync.report.plots import write_plots
 from hetsync.report.runs import load_run
 from hetsync.report.table import summary_table
 
 
+@contextmanager
+def out_folder(out: Path) -> Iterator[Path]:
+    """Create `out` and yield it; an OSError while writing into it (an --out that is a file,
+    under a file, read-only or on a full disk) becomes one line naming --out (ConfigError), as
+    `hetsync train` says of its own --out, instead of a traceback."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+    except OSError as error:
+        raise ConfigError(f"--out {out} cannot be written: {error.strerror or error}") from None
+
+
 def write_report(run_dirs: list[Path], out: Path) -> Path:
     """Compare the runs in `run_dirs` in `out/report.md` (plus PNGs beside it); return its path.
 
-    The first run is the baseline that speedups are measured against.
+    The first run is the baseline that speedups are measured against. Every run is read (and
+    checked) before anything is written.
     """
     if not run_dirs:
         raise ValueError("no run directories given")
     runs = [load_run(path) for path in run_dirs]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    images = write_plots(runs, out)
-    sections = [
-        "# hetsync report\n",
-        "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs) + "\n",
-        "## Summary\n",
-        summary_table(runs),
-    ]
-    if images:
-        sections.append("## Plots\n")
-        sections += [f"![{image.stem}]({image.name})\n" for image in images]
-    report = out / "report.md"
-    report.write_text("\n".join(sections), encoding="utf-8")
+    with out_folder(out):
+        images = write_plots(runs, out)
+        sections = [
+            "# hetsync report\n",
+            "Runs: " + ", ".join(f"`{run.label}` ({run.path})" for run in runs) + "\n",
+            "## Summary\n",
+            summary_table(runs),
+        ]
+        if images:
+            sections.append("## Plots\n")
+            sections += [f"![{image.stem}]({image.name})\n" for image in images]
+        report = out / "report.md"
+        report.write_text("\n".join(sections), encoding="utf-8")
     return report
