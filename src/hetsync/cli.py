@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from hetsync.config import RunConfig, load_toml, option_fields
-from hetsync.errors import ConfigError, Deadlock, WorkerFailed
+from hetsync.errors import ConfigError, Deadlock, OutputFailed, WorkerFailed
 from hetsync.protocols.catalog import TOLERATE_LOSS
 from hetsync.protocols.option_field import spec_of
 
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as error:
         print(f"hetsync: error: {error}", file=sys.stderr)
         return 2
-    except (WorkerFailed, Deadlock) as error:
+    except (WorkerFailed, Deadlock, OutputFailed) as error:
         print(f"hetsync: run failed: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "Deadlock", "HetsyncError", "WorkerFailed"]
+__all__ = ["ConfigError", "Deadlock", "HetsyncError", "OutputFailed", "WorkerFailed"]
 
 
 class HetsyncError(Exception):
@@ -26,6 +26,11 @@ class WorkerFailed(HetsyncError, RuntimeError):
         self.own = own
         text = f"worker rank {rank} {reason}"
         super().__init__(f"{text}\n{details}".rstrip())
+
+
+class OutputFailed(HetsyncError, RuntimeError):
+    """A run's own files could not be written (a full disk, a folder made read-only): the
+    message is one line naming the folder and the system's reason."""
 
 
 class Deadlock(HetsyncError, RuntimeError):

@@ -16,8 +16,12 @@ def replacing(path: Path) -> Iterator[Path]:
     file system) once the block ends without an error, so a reader (`hetsync report`, the
     evaluator, a resume after a kill) sees the old file or the new one, never half of one."""
     partial = path.with_name(f".{path.name}.partial")
-    yield partial
-    os.replace(partial, path)
+    try:
+        yield partial
+        os.replace(partial, path)
+    except BaseException:  # a full disk, an interrupt: no half-written file left behind
+        partial.unlink(missing_ok=True)
+        raise
 
 
 def write_text(path: Path, text: str) -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from hetsync.config import RunConfig
+from hetsync.errors import OutputFailed
 from hetsync.metrics.evaluator import Evaluator
 
 __all__ = ["EvaluateFn", "EvaluationThread", "ScriptMeasure", "lowest_priority", "parse_result",
@@ -114,6 +115,10 @@ class EvaluationThread:
             self.error = error
 
     def raise_error(self) -> None:
+        if isinstance(self.error, OSError):  # its rows or snapshots: a full disk, a lost folder
+            reason = self.error.strerror or str(self.error)
+            raise OutputFailed(f"the evaluation could not write into {self.evaluator.run_dir}: "
+                               f"{reason}") from self.error
         if self.error is not None:
             raise RuntimeError(f"the evaluation failed: {self.error!r}") from self.error
 
