@@ -200,3 +200,10 @@ def test_an_interrupted_or_failed_run_is_not_done_and_resume_runs_it_again(tmp_p
     (run.run_dir / "summary.json").write_text(json.dumps({**summary(None, 900),
                                                          "stop_reason": "max_time"}))
     assert run.done
+
+
+@pytest.mark.parametrize("given", [0.0, 0.25])
+def test_a_given_target_loss_is_kept_even_at_zero(tmp_path, given):
+    """`--target-loss 0` (never stop at a target) is a value, not "not given"."""
+    runs = plan(SUITE, BenchOptions(suite="test", workers=4, target_loss=given), tmp_path)
+    assert {run.config.target_loss for run in runs} == {given}

@@ -146,8 +146,8 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "max_time": suite.max_time if options.max_time is None
                     else options.max_time,
                     "eval_every": eval_every(setting.workload or options.workload),
-                    "target_loss": options.target_loss or suite.target_loss.get(
-                        setting.workload or options.workload),
+                    "target_loss": suite.target_loss.get(setting.workload or options.workload)
+                    if options.target_loss is None else options.target_loss,
                     "seed": options.seed + repeat,
                     "out": out / "runs" / slug(setting.name) / slug(variant.label) / f"r{repeat}",
                     "label": variant.label,
