@@ -135,3 +135,13 @@ def test_simulating_more_workers_than_memory_holds_says_what_fits(tmp_path, with
                                           r"enough for about \d+ simulated workers"):
         simulate(config, SimOptions(math=with_math, progress=False))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["abc", "0", ""])
+def test_a_bad_thread_count_is_refused_before_the_workers_start(tmp_path, monkeypatch, value):
+    from hetsync.launch.launcher import run
+
+    monkeypatch.setenv("HETSYNC_THREADS", value)
+    with pytest.raises(ConfigError, match="HETSYNC_THREADS must be a positive integer"):
+        run(RunConfig(workload="svm", workers=2, max_time=3.0, out=tmp_path / "run"))
+    assert not (tmp_path / "run").exists()

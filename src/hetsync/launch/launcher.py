@@ -45,7 +45,7 @@ from hetsync.protocols.registry import validated
 from hetsync.transport.control import STOP_KEY
 from hetsync.transport.lost_workers import LOST_KEY
 from hetsync.transport.placement import place, visible_gpus
-from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT
+from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT, thread_count
 from hetsync.workloads import get_workload
 
 __all__ = ["RunResult", "evaluates_while_running", "run", "worker_environment"]
@@ -66,6 +66,7 @@ def run(config: RunConfig, resume: bool = False) -> RunResult:
     `config.out` from its workers' checkpoints (hetsync.launch.checkpoint)."""
     check_capacity(config.workers)  # first: validate() sizes structures by the worker count
     config = placed(validated(config).resolved())
+    thread_count(os.environ)  # the workers read it: a bad value is refused here, not N times
     run_dir = Path(config.out) if config.out else default_out(config)
     with CpuPlacement(config, run_id=str(os.getpid())) as placement, RunLock(run_dir):
         extra: dict[str, Any] = _placement_facts(placement)
