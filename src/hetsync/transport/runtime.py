@@ -235,7 +235,7 @@ def thread_count(env: Mapping[str, str]) -> int | None:
     if ENV_THREADS in env:
         value = env[ENV_THREADS]
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"{ENV_THREADS} must be a positive integer (got {value!r})")
+            raise ConfigError(f"{ENV_THREADS} must be a positive integer (got {value!r})")
         return int(value)
     return 1 if int(env.get("LOCAL_WORLD_SIZE", "1")) > 1 else None
 
