@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -201,17 +202,26 @@ def test_a_run_in_progress_locks_its_out(tmp_path):
         run(RunConfig(workload="digits", workers=1, max_iterations=2, out=out, quiet=True))
 
 
-def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path):
+@pytest.mark.parametrize("signal_to", ["launcher", "group"])
+def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path, signal_to):
+    """SIGTERM to the launcher, or Ctrl-C (SIGINT to the whole process group, the workers
+    first here, as a busy launcher would see it): one line, no worker's traceback."""
     out = tmp_path / "run"
     command = [str(Path(sys.executable).parent / "hetsync"), "train", "--workload", "digits",
                "--workers", "2", "--max-time", "60", "--step-time", "20", "--out", str(out),
                "--quiet"]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 60
     while not list(out.glob("workers/rank1.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(1.0)
-    proc.send_signal(signal.SIGTERM)
+    if signal_to == "launcher":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        for pid in _processes_of(out):
+            os.kill(pid, signal.SIGINT)
+        time.sleep(0.3)
+        os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err

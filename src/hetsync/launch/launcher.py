@@ -304,7 +304,10 @@ def prepare_run_dir(config: RunConfig, run_dir: Path) -> None:
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: the worker gets SIGKILL if the launcher dies, so no process is left behind."""
+    """Linux: the worker gets SIGKILL if the launcher dies, so no process is left behind. It
+    ignores SIGINT: Ctrl-C reaches the whole process group, and the launcher, whose signal it
+    is, stops the workers itself (SIGTERM); a worker interrupted first printed a traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
