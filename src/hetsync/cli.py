@@ -62,7 +62,8 @@ _RUN_HELP = {
     "eval_bn": "BatchNorm statistics of an evaluated average of models (the consensus): "
     "recompute (from 1024 training samples, as torch.optim.swa_utils.update_bn; an average's "
     "own are not the average of the workers') or saved (the workers' averaged)",
-    "hang_timeout": "seconds without progress after which a worker is reported as hung",
+    "hang_timeout": "seconds without progress after which a worker is reported as hung; "
+                    "above 60, also how long a worker may take to join and to start training",
     "backend": "auto (NCCL where each local worker's model has a GPU of its own, else gloo), "
     "gloo or nccl",
     "device": "where the workers' models compute: auto (a GPU when one is visible), cpu or "

@@ -14,6 +14,7 @@ import pytest
 import torch.distributed as dist
 
 from hetsync.errors import WorkerFailed
+from hetsync.launch import monitor as monitor_module
 from hetsync.launch.monitor import Monitor, _process_state
 
 _IDLE = [sys.executable, "-c",
@@ -97,3 +98,17 @@ def test_a_finished_worker_stopped_for_good_is_lost_under_on_failure_continue(mo
     assert monitor.check() is False
     assert set(monitor.lost) == {2}
     assert monitor.store.get("lost") == b"2"
+
+
+def test_workers_that_called_init_but_never_joined_fail_at_the_join_limit(monitor, monkeypatch):
+    """Every rank is in `hetsync.init()` and the process group never forms: no script to
+    blame, so the line says where they are (the integration tests cover the other cases)."""
+    monkeypatch.setattr(monitor_module, "JOIN_LIMIT_S", 0.5)
+    for rank in range(3):
+        monitor.store.set(f"joining/{rank}", "")
+    assert monitor.check() is False
+    time.sleep(0.7)  # past --hang-timeout (0.5 s) and the join limit
+    with pytest.raises(WorkerFailed, match=r"^worker rank 0 called hetsync.init\(\) but did not "
+                       r"join the run within 0.5 s of its start \(the process group did not "
+                       r"form\); nor did ranks 1, 2$"):
+        monitor.check()

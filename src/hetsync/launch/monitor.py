@@ -1,4 +1,4 @@
-"""Watching spawned workers: exits, crashes, hangs and progress.
+"""Watching spawned workers: start-up, exits, crashes, hangs and progress.
 
 A worker that exits non-zero, is killed, or makes no progress for `hang_timeout` seconds ends
 the run with `WorkerFailed`, naming its rank and showing its traceback (from
@@ -13,6 +13,12 @@ instead: the monitor kills it if it still runs (so that its peers' transfers wit
 announces it in the control store (key `lost`, the lost ranks joined by commas), where the
 workers' `LostWorkers` watchers read it, and the run goes on. A deadlock, or a peer failing
 with it (a follow-on error: the protocol did not tolerate the loss), still ends the run.
+
+Before its first heartbeat a worker is starting, and its peers wait for it, in
+`hetsync.init()` (the process group forms once every rank is in it) or in building their
+`SyncOptimizer` (the model's broadcast, the clock's barrier), without a deadline the launcher
+would see: the start-up limits below bound each stage, and one that exits cleanly before
+joining ends the run at once. None of these can be lost: the others cannot start without it.
 """
 
 from __future__ import annotations
@@ -32,12 +38,20 @@ from tqdm import tqdm
 from hetsync.errors import LOOP_ENDED, WorkerFailed, is_follow_on
 from hetsync.launch.output import TAIL_LINES, OutputRelay
 from hetsync.transport.lost_workers import LOST_KEY
+from hetsync.transport.runtime import JOINED_KEY, JOINING_KEY
 
 __all__ = ["Monitor", "Progress"]
 
-#: Once one worker has sent a heartbeat, the others get this long from the launch (import
-#: torch, load data, join the group) before their missing heartbeat counts as a hang.
-STARTUP_ALLOWANCE_S = 90.0
+#: How long a worker may take from its launch to joining the run (import torch and whatever its
+#: script does before `hetsync.init()`, which then waits for every rank): 5-10 s here with 8
+#: workers importing torch at once on 2 cores; a loaded machine takes several times that.
+JOIN_LIMIT_S = 60.0
+#: How long a worker may take from joining to its first heartbeat (load its data, build its
+#: model and its SyncOptimizer), while the peers that built theirs wait for it.
+SETUP_LIMIT_S = 60.0
+# Both stay under the process group's own timeout (PG_TIMEOUT, 120 s), after which a worker
+# waiting for a late peer gives up with a traceback of its own; a longer --hang-timeout
+# lengthens both (`Monitor.start_limits`).
 
 
 @dataclass
@@ -67,6 +81,15 @@ class Monitor:
     _warned: set[int] = field(default_factory=set)
     _stopped_since: dict[int, float] = field(default_factory=dict)
     """Finished workers seen stopped, and since when (`_check_finishing`)."""
+    _joining: set[int] = field(default_factory=set)
+    """Workers that called `hetsync.init()` and have not joined yet."""
+    _joined: dict[int, float] = field(default_factory=dict)
+    """Workers in the run (a heartbeat counts), and since when (as first seen)."""
+
+    def start_limits(self) -> tuple[float, float]:
+        """The seconds a worker gets to join the run, and then to start training: a longer
+        --hang-timeout (a slow machine's users lengthen it) lengthens both."""
+        return max(JOIN_LIMIT_S, self.hang_timeout), max(SETUP_LIMIT_S, self.hang_timeout)
 
     def check(self) -> bool:
         """True once every worker exited cleanly (a lost one counts as exited); raise
@@ -105,10 +128,80 @@ class Monitor:
                 self.output.mute(keep={r for r, c in enumerate(codes) if c not in (None, 0)})
             time.sleep(0.5)  # let the failure's echo reach the other workers' exit codes
             raise self._failure([self._exit_code(r) for r in range(len(self.procs))])
+        self._read_beats()
+        self._read_joins()  # after the exit codes: a worker says it joined before it exits
+        left = [r for r, c in enumerate(codes)
+                if c == 0 and r not in self.lost and r not in self._joined]
+        if left:  # the others wait for it in init() (for PG_TIMEOUT), or exit 0 as it did
+            raise self._blame(left[0], _LEFT_BEFORE_JOINING)
         if all(c == 0 for c in codes):
             return True
+        self._check_start(codes)
         self._check_hang(codes)
         return False
+
+    def _read_joins(self) -> None:
+        now = time.monotonic()
+        for rank in range(len(self.procs)):
+            if rank in self._joined:
+                continue
+            if rank in self._beats or self.store.check([JOINED_KEY.format(rank=rank)]):
+                self._joined[rank] = now
+                self._joining.discard(rank)
+            elif self.store.check([JOINING_KEY.format(rank=rank)]):
+                self._joining.add(rank)
+
+    def _check_start(self, codes: list[int | None]) -> None:
+        """Workers still starting past a start-up limit (see the module doc): blame one
+        whose script has not got as far as its peers, which wait for it."""
+        join_limit, setup_limit = self.start_limits()
+        now = time.monotonic()
+        live = [r for r, c in enumerate(codes) if c is None and r not in self._beats]
+        late = [r for r in live if r not in self._joined and now - self.started > join_limit]
+        if late:
+            never = [r for r in late if r not in self._joining]
+            if never:  # the ranks in init() wait for it: the process group needs every rank
+                waiting = [r for r in late if r in self._joining]
+                reason = (f"did not join the run within {join_limit:g} s of its start (its "
+                          f"script never called hetsync.init()){_nor(never[1:], 'did')}"
+                          f"{_wait(waiting, 'for it in hetsync.init()')}")
+            else:
+                never = late
+                reason = (f"called hetsync.init() but did not join the run within "
+                          f"{join_limit:g} s of its start (the process group did not form)"
+                          f"{_nor(late[1:], 'did')}")
+            raise self._blame(never[0], reason, self._recent_output(never[0]))
+        late = [r for r in live if r in self._joined and now - self._joined[r] > setup_limit]
+        if not late:
+            return
+        stacks = {r: self._dump_stack(r) for r in late}  # joined: its hooks answer SIGUSR1
+        waiting = [r for r in late if _IN_SYNC_OPTIMIZER in stacks[r]]
+        behind = [r for r in late if r not in waiting]
+        reason = f"joined the run but did not start training within {setup_limit:g} s of joining"
+        if behind:
+            reason += (f": its script has not built its SyncOptimizer (hetsync.prepare) since "
+                       f"hetsync.init(){_nor(behind[1:], 'has')}"
+                       f"{_wait(waiting, 'for it in building its own')}")
+        else:  # hetsync's own set-up hangs: no script to blame
+            behind = late
+            reason += f": stuck building its SyncOptimizer{_nor(late[1:], 'is')}"
+        raise self._blame(behind[0], reason, f"its stack:\n{stacks[behind[0]]}")
+
+    def _blame(self, rank: int, reason: str, details: str = "") -> WorkerFailed:
+        """A start-up failure of `rank`, its output alone shown from now on: never a loss,
+        since the others cannot start without it."""
+        if self.output is not None:
+            self.output.mute(keep={rank})
+        return WorkerFailed(rank, reason, details, own=False)
+
+    def _recent_output(self, rank: int) -> str:
+        """The last lines a worker that is still running wrote, for a failure report."""
+        if self.output is None:
+            return ""
+        lines = self.output.tail(rank, stderr=True) or self.output.tail(rank, stderr=False)
+        if not lines:
+            return ""
+        return f"its last output (all of it in logs/rank{rank}.out):\n" + "\n".join(lines)
 
     def _exit_code(self, rank: int) -> int | None:
         """The worker's exit code, with an abort after its final heartbeat counted as clean.
@@ -152,22 +245,20 @@ class Monitor:
                 self._changed[rank] = now
 
     def _check_hang(self, codes: list[int | None]) -> None:
-        self._read_beats()
-        if not self._beats:
-            return  # a script that does not use hetsync's loop: gloo's own timeouts apply
+        """Workers that have started training (the others are `_check_start`'s)."""
         now = time.monotonic()
-        live = [r for r, c in enumerate(codes) if c is None]
+        live = [r for r, c in enumerate(codes) if c is None and r in self._beats]
         stalled, active = [], 0
         for rank in live:
-            beat = self._beats.get(rank, "0 starting 0").split()
+            beat = self._beats[rank].split()
             if beat[1] in ("closing", "done"):
                 self._check_finishing(rank, int(beat[0]), now)
                 continue
             active += 1
-            limit = self.hang_timeout if rank in self._changed else STARTUP_ALLOWANCE_S
+            limit = self.hang_timeout
             if beat[1] == "delay":  # an emulated compute of the seconds it announced
                 limit += float(beat[3])
-            if now - self._changed.get(rank, self.started) > limit:
+            if now - self._changed[rank] > limit:
                 stalled.append(rank)
         if not stalled:
             return
@@ -254,6 +345,15 @@ class Monitor:
             candidates.append((secondary, when, rank, code, text))
         secondary, _, rank, code, text = min(candidates)
         self._read_beats()
+        if secondary:  # every failure echoes a peer's: one that left before training?
+            self._read_joins()
+            quit_early = [r for r, c in enumerate(codes)
+                          if c == 0 and r not in self.lost and r not in self._beats]
+            if quit_early:
+                return self._blame(quit_early[0], (
+                    "exited (code 0) after joining the run, before it started training, and "
+                    "the others failed without it" if quit_early[0] in self._joined else
+                    _LEFT_BEFORE_JOINING))
         at = f" at iteration {self.progress().iterations[rank] + 1}" if rank in self._beats else (
             " before it started training")
         if code is not None and code < 0:
@@ -286,6 +386,26 @@ class Monitor:
         tail = "\n".join(lines[-TAIL_LINES:])
         return (f"no traceback was written; its last {what} (all of it in logs/rank{rank}.out):"
                 f"\n{tail}")
+
+
+_LEFT_BEFORE_JOINING = ("exited (code 0) before joining the run (its script ended without "
+                        "calling hetsync.init())")
+#: In a worker's stack, a frame of SyncOptimizer's construction: it waits for its peers there.
+_IN_SYNC_OPTIMIZER = str(Path("hetsync", "api.py"))
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
+def _nor(ranks: list[int], verb: str) -> str:
+    """The other ranks in the same state ("; nor did rank 2"), or nothing."""
+    return f"; nor {verb} {_ranks(ranks)}" if ranks else ""
+
+
+def _wait(ranks: list[int], where: str) -> str:
+    """The ranks that wait for the one blamed ("; rank 1 waits for it in ...")."""
+    return f"; {_ranks(ranks)} wait{'s' if len(ranks) == 1 else ''} {where}" if ranks else ""
 
 
 def _process_state(pid: int) -> str:

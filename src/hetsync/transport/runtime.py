@@ -45,6 +45,11 @@ PG_TIMEOUT = datetime.timedelta(seconds=120)
 #: Without hetsync's launcher (torchrun, a script's own processes), how long a finished worker
 #: waits at the end for the others: long, since a slow worker may finish much later.
 END_WAIT_S = 3600.0
+#: Control-store keys by which a launched worker tells the launcher's monitor that it called
+#: `hetsync.init()` (`joining`) and that it is in the run (`joined`: the process group formed,
+#: its crash and stack hooks installed): the monitor's start-up limits time each stage.
+JOINING_KEY = "joining/{rank}"
+JOINED_KEY = "joined/{rank}"
 
 
 @dataclass
@@ -188,6 +193,9 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
             is_master=False,
             timeout=PG_TIMEOUT,
         )
+        # Before the process group, which waits for every rank: the monitor then tells a
+        # rank whose script never called init() from the ranks waiting for it.
+        dist.PrefixStore("hetsync", store).set(JOINING_KEY.format(rank=rank), "")
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
             timeout=PG_TIMEOUT, device_id=device if backend == "nccl" else None,
@@ -222,6 +230,8 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     )
     _install_failure_reporting(_RUNTIME)
     atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)
+    if launched:  # after the hooks: the monitor may now ask for its stack (SIGUSR1)
+        control.set(JOINED_KEY.format(rank=rank), "")
     return _RUNTIME
 
 
