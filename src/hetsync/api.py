@@ -298,6 +298,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             iteration=self.iteration - self._resumed_at + 1,
             on_begin_sync=self._begin_sync,
             on_phase=self._heartbeat if self.runtime.launched else None,
+            on_wait=self._emulated_wait,
         )
         self.protocol.begin_iteration(step)
         step.begin_s = time.perf_counter() - step.start - step.sync_wait_s - step.network_s
@@ -333,14 +334,27 @@ class SyncOptimizer(torch.optim.Optimizer):
         iteration = self._resumed_at + step.iteration
         factor = self._slowdown.factor(self.runtime.rank, iteration)
         pad, delay = pacing(compute, self._step_time_s, factor)
-        if pad + delay > self.runtime.config.hang_timeout / 4:
-            # A long emulated compute (a large factor on a warm-up iteration) is no hang: tell
-            # the launcher how long this worker will be silent.
-            self._heartbeat("delay", f" {pad + delay:.3f}")
+        self._announce(pad + delay)  # a large factor on a warm-up iteration is no hang
         if pad + delay > 0:
             time.sleep(pad + delay)
         step.compute_s, step.injected_delay_s = compute + pad, delay
         step.wants_stop = self._wants_stop(iteration)
+
+    def _emulated_wait(self, seconds: float) -> float:
+        """An emulated network wait about to start (`Step.on_wait`): cut at the run's
+        --max-time, so that a link too slow for the run ends it at its time rather than days
+        later, and announced when long."""
+        max_time = self.runtime.config.max_time
+        if max_time is not None:
+            seconds = min(seconds, max(0.0, max_time - self.runtime.elapsed()))
+        self._announce(seconds)
+        return seconds
+
+    def _announce(self, seconds: float) -> None:
+        """Tell the launcher this worker will be silent `seconds` (an emulated compute or
+        transfer), where that is long enough to be taken for a hang."""
+        if self.runtime.launched and seconds > self.runtime.config.hang_timeout / 4:
+            self._heartbeat("delay", f" {seconds:.3f}")
 
     def _unscale(self) -> None:
         """Under `GradScaler.step(optimizer)`: unscale the gradients before they are shared.

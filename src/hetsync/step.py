@@ -44,6 +44,9 @@ class Step:
     the groups a Prague worker averaged with)."""
     on_begin_sync: Callable[[Step], None] | None = None
     on_phase: Callable[[str], None] | None = None
+    on_wait: Callable[[float], float] | None = None
+    """Given an emulated wait about to start on the training thread, the seconds to wait (the
+    run's own limits may cut it; a long one is announced to the launcher)."""
     _synced: bool = False
 
     def count_seconds(self, key: str, seconds: float) -> None:

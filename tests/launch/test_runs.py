@@ -287,3 +287,15 @@ def test_a_diverged_run_stops_every_worker_and_claims_no_target(train_run):
                      path.read_text().splitlines()):
             json.loads(line, parse_constant=refuse)
     assert not _processes_of(result.run_dir)
+
+
+def test_a_link_too_slow_for_the_run_ends_it_at_max_time_not_as_a_deadlock(tmp_path):
+    """A 10 MB message over 1 Mbit/s is an 80-s emulated wait: announced to the launcher (no
+    hang at --hang-timeout 2) and cut at --max-time (the run ends at its time)."""
+    config = RunConfig(workload="digits", workers=2, max_time=6.0, hang_timeout=2.0,
+                       network="bandwidth=1mbit,latency=50us", payload="10MB",
+                       out=tmp_path / "run", quiet=True)
+    began = time.monotonic()
+    result = run(config)
+    assert result.summary["stop_reason"] == "max_time"
+    assert time.monotonic() - began < 40

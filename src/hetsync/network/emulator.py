@@ -108,6 +108,8 @@ class NetworkEmulator:
             self._add_background(modelled)
             return
         with step.blocking():
+            if step.on_wait is not None:
+                seconds = step.on_wait(seconds)
             time.sleep(max(0.0, seconds))
         step.network_s += modelled
 
