@@ -45,7 +45,7 @@ def _make_room(out: Path) -> None:
     without the mark (a bench suite, a run, a user's folder) is refused: its files are not
     the demo's to remove."""
     with out_folder(out):
-        if not (out / DEMO_MARK).is_file() and any(out.iterdir()):
+        if not _earlier_demo(out) and any(out.iterdir()):
             raise ConfigError(f"--out {out} holds files that no hetsync demo wrote: pass "
                               "another --out, or remove it")
         for name in DEMO_FILES:
@@ -56,3 +56,12 @@ def _make_room(out: Path) -> None:
                 path.unlink()
         (out / DEMO_MARK).write_text("written by `hetsync demo`: a later demo into this "
                                      "folder replaces its demo files\n")
+
+
+def _earlier_demo(out: Path) -> bool:
+    """Whether `out` holds a demo: marked, or, written before the mark existed, a suite and
+    nothing but a demo's files (so that `make demo` goes on replacing its own)."""
+    if (out / DEMO_MARK).is_file():
+        return True
+    names = {path.name for path in out.iterdir()}
+    return SUITE_FILE in names and names <= set(DEMO_FILES)

@@ -94,3 +94,14 @@ def test_an_out_that_cannot_be_written_is_one_line(tmp_path, capsys, benched):
     assert cli.main(["demo", "--out", str(afile / "demo")]) == 2
     assert capsys.readouterr().err == (f"hetsync: error: --out {afile / 'demo'} cannot be "
                                        "written: Not a directory\n")
+
+
+def test_a_demo_written_before_the_mark_is_still_replaced(tmp_path, benched):
+    """`make demo` again over a demo from before the mark: only a demo's files in it."""
+    out = tmp_path / "demo"
+    (out / "runs" / "x").mkdir(parents=True)
+    for name in ("suite.json", "results.json", "results.md"):
+        (out / name).write_text("{}\n")
+    assert cli.main(["demo", "--out", str(out)]) == 0
+    assert benched == [out]
+    assert (out / demo.DEMO_MARK).is_file() and not (out / "runs" / "x").exists()
