@@ -210,7 +210,9 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path, signal_t
     command = [str(Path(sys.executable).parent / "hetsync"), "train", "--workload", "digits",
                "--workers", "2", "--max-time", "60", "--step-time", "20", "--out", str(out),
                "--quiet", "--no-stop-at-target"]  # digits reaches its target in 2 s
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # Ctrl-C as in a terminal: under a shell's background job (CI) SIGINT comes ignored.
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while not list(out.glob("workers/rank1.jsonl")) and time.monotonic() < deadline:
         time.sleep(0.2)
