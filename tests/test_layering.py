@@ -4,8 +4,9 @@ The layers, bottom to top (DEVELOPERS.md says what each holds):
 
     base       errors, the step record (step), cores, topology, the network model (network,
                but its emulator), faults, slowdowns, CPU affinity, glibc's malloc settings,
-               users' files (user_files), workloads, file formats (metrics.strict_json, metrics.atomic), where a worker
-               computes (transport.placement: a rule over counts), and the protocols' low half: the
+               users' files (user_files), workloads, file formats (metrics.strict_json,
+               metrics.atomic), where a worker computes (transport.placement: a rule over
+               counts), and the protocols' low half: the
                empty package inits, variant, catalog, run_options and each package's decisions,
                options and variants (every module of hetsync.protocols.<x> but those below)
     config     the run's options, with the chosen protocol's
