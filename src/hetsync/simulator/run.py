@@ -59,9 +59,10 @@ class SimOptions:
     progress: bool = True
 
 
-def check(config: RunConfig, options: SimOptions = SimOptions()) -> None:
+def check(config: RunConfig, options: SimOptions = SimOptions()) -> list[tuple[int, float]]:
     """Raise ConfigError where `config` is not one the simulator can run: before its run
-    directory is made, so that a refused command leaves nothing that blocks the mended one."""
+    directory is made, so that a refused command leaves nothing that blocks the mended one.
+    Returns the kills it models (`_kills`)."""
     if options.math:
         check_math(config)
     if not config.step_time:
@@ -70,13 +71,12 @@ def check(config: RunConfig, options: SimOptions = SimOptions()) -> None:
     if config.script:
         raise ConfigError("hetsync simulate runs the built-in workloads, not a script")
     simulation(config.protocol)
-    _kills(config)
+    return _kills(config)
 
 
 def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
     """A ready-to-run simulation of a validated, resolved `config`."""
-    check(config, options)
-    kills = _kills(config)
+    kills = check(config, options)
     declared = parse_payload(config.payload)
     payload = float(declared if declared is not None
                     else model_bytes(get_workload(config.workload).build_model()))
