@@ -13,7 +13,7 @@ from pathlib import Path
 from hetsync.bench.command import bench
 from hetsync.bench.runner import SUITE_FILE, BenchOptions, plan
 from hetsync.errors import ConfigError
-from hetsync.report.write import out_folder
+from hetsync.user_files import out_folder
 
 __all__ = ["run_demo"]
 

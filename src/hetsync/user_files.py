@@ -1,5 +1,5 @@
 """Files a user names on the command line (a config, a topology, a trace, a script), checked
-before anything is read or spawned.
+before anything is read or spawned, and the `--out` folder a command writes into.
 
 One place decides what such a file must be: an existing regular file (a directory, a pipe or a
 device is refused by name: a FIFO would block the read forever, /dev/zero fill the memory),
@@ -10,11 +10,13 @@ the option the file came from.
 from __future__ import annotations
 
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from hetsync.errors import ConfigError
 
-__all__ = ["TEXT_LIMIT", "check_user_file", "read_user_text"]
+__all__ = ["TEXT_LIMIT", "check_user_file", "out_folder", "read_user_text"]
 
 #: The largest text file read whole (a slowdown trace of 1000 workers' 10,000 iterations is
 #: about 150 MB).
@@ -55,3 +57,17 @@ def read_user_text(path: str | Path, what: str, error: type[ConfigError] = Confi
         raise error(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not a text file (not UTF-8)") from None
+
+
+@contextmanager
+def out_folder(out: Path) -> Iterator[Path]:
+    """Create `out` and yield it; an OSError while writing into it (an --out that is a file,
+    under a file, read-only or on a full disk) becomes one line naming --out (ConfigError)
+    instead of a traceback: every command's --out (a run's lock, a report, a suite, a demo)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        yield out
+    except OSError as error:
+        raise ConfigError(f"--out {out} cannot be written: {error.strerror or error}") from None

@@ -301,3 +301,11 @@ def test_a_link_too_slow_for_the_run_ends_it_at_max_time_not_as_a_deadlock(tmp_p
     result = run(config)
     assert result.summary["stop_reason"] == "max_time"
     assert time.monotonic() - began < 40
+
+
+def test_an_out_that_is_a_file_is_named_and_kept(tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine\n")
+    with pytest.raises(ConfigError, match=f"^--out {afile} is a file, not a folder$"):
+        run(RunConfig(workload="digits", workers=1, max_iterations=2, out=afile, quiet=True))
+    assert afile.read_text() == "mine\n"

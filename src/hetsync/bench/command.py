@@ -8,7 +8,7 @@ from pathlib import Path
 from hetsync.bench.markdown import headline_lines, setting_table, write_markdown
 from hetsync.bench.results import collect, write_results
 from hetsync.bench.runner import BenchOptions, PlannedRun, plan, run_suite
-from hetsync.report.write import out_folder
+from hetsync.user_files import out_folder
 
 __all__ = ["bench", "command_line"]
 

@@ -22,8 +22,8 @@ from hetsync.errors import ConfigError, Deadlock, WorkerFailed
 from hetsync.launch.launcher import run as launch
 from hetsync.metrics import strict_json
 from hetsync.report.plots import slug
-from hetsync.report.write import out_folder
 from hetsync.simulator.run import SimOptions, simulate
+from hetsync.user_files import out_folder
 from hetsync.workloads import get_workload
 
 __all__ = ["BenchOptions", "PlannedRun", "plan", "run_suite"]

@@ -46,6 +46,7 @@ from hetsync.transport.control import STOP_KEY
 from hetsync.transport.lost_workers import LOST_KEY
 from hetsync.transport.placement import place, visible_gpus
 from hetsync.transport.runtime import ENV_RUN_DIR, ENV_STORE_PORT, thread_count
+from hetsync.user_files import out_folder
 from hetsync.workloads import get_workload
 
 __all__ = ["RunResult", "evaluates_while_running", "run", "worker_environment"]
@@ -263,11 +264,8 @@ class RunLock:
         self._file: IO[str] | None = None
 
     def __enter__(self) -> RunLock:
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+        with out_folder(self.run_dir):
             self._file = open(self.run_dir / ".lock", "a+")  # noqa: SIM115 - held until exit
-        except OSError as error:
-            raise ConfigError(f"--out {self.run_dir} cannot be written: {error.strerror}") from None
         try:
             fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

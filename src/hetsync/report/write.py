@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from hetsync.errors import ConfigError
 from hetsync.report.plots import write_plots
 from hetsync.report.runs import load_run
 from hetsync.report.table import summary_table
-
-
-@contextmanager
-def out_folder(out: Path) -> Iterator[Path]:
-    """Create `out` and yield it; an OSError while writing into it (an --out that is a file,
-    under a file, read-only or on a full disk) becomes one line naming --out (ConfigError), as
-    `hetsync train` says of its own --out, instead of a traceback."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        yield out
-    except OSError as error:
-        raise ConfigError(f"--out {out} cannot be written: {error.strerror or error}") from None
+from hetsync.user_files import out_folder
 
 
 def write_report(run_dirs: list[Path], out: Path) -> Path:
