@@ -101,6 +101,25 @@ def loss_fell():
     return consensus_loss_fell
 
 
+def _processes_of(run_dir: Path) -> list[int]:
+    """PIDs of live processes whose environment names this run (leftover workers)."""
+    marker = f"HETSYNC_RUN_DIR={run_dir}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture
+def processes_of():
+    """The live processes of a run directory: none may be left once its run has ended."""
+    return _processes_of
+
+
 @pytest.fixture
 def busy_loops_of():
     """The `--keep-awake` busy loops (hetsync.launch.awake_cores) a process has as children:

@@ -26,20 +26,6 @@ def _losses(run_dir: Path, rank: int) -> list[float]:
     return [row["loss"] for row in read_jsonl(run_dir / "workers" / f"rank{rank}.jsonl")]
 
 
-def _processes_of(run_dir: Path) -> list[int]:
-    """PIDs of live processes whose environment names this run (leftover workers)."""
-    marker = f"HETSYNC_RUN_DIR={run_dir}".encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if marker in (proc / "environ").read_bytes().split(b"\0"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
 
 def test_allreduce_loss_falls_and_everything_is_recorded(train_run):
     result = train_run(workers=4, max_iterations=150, stop_at_target=False, step_time=2.0)
@@ -98,7 +84,8 @@ def test_slowdown_is_injected_and_logged(train_run):
         ("raise:rank=2,at=10", "worker rank 2 failed with exit code 1"),
     ],
 )
-def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, tmp_path, capsys):
+def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, tmp_path, capsys,
+                                                      processes_of):
     out = tmp_path / "run"
     started = time.monotonic()
     with pytest.raises(WorkerFailed) as failure:
@@ -108,7 +95,7 @@ def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, tmp_path,
     assert expected in str(failure.value)
     if "raise" in fault:
         assert "injected fault (--fault)" in str(failure.value)
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
     shown = capsys.readouterr().err  # the peers' follow-on errors go to their logs only
     peers = [r for r in range(3) if f"rank {r} " not in expected]
     assert not any(f"[rank {r}]" in shown for r in peers), shown
@@ -117,7 +104,7 @@ def test_a_failed_worker_is_named_and_nothing_is_left(fault, expected, tmp_path,
     assert len(summary["iterations"]) == 3  # as far as the workers' flushed logs go
 
 
-def test_a_hung_worker_is_named_with_its_stack(tmp_path):
+def test_a_hung_worker_is_named_with_its_stack(tmp_path, processes_of):
     out = tmp_path / "run"
     started = time.monotonic()
     with pytest.raises(WorkerFailed) as failure:
@@ -127,7 +114,7 @@ def test_a_hung_worker_is_named_with_its_stack(tmp_path):
     message = str(failure.value)
     assert "worker rank 1 hung" in message
     assert "faults.py" in message and "in act" in message  # its stack (Hang.act), on SIGUSR1
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
 
 
 def test_users_own_script_under_hetsync_launch(tmp_path):
@@ -165,7 +152,7 @@ def test_worker_output_gets_its_own_lines_above_the_bar(tmp_path, monkeypatch):
     assert "warning from rank 1 line 999" in copy and not any("[rank" in c for c in copy)
 
 
-def test_output_of_a_worker_that_failed_before_init(tmp_path, capsys):
+def test_output_of_a_worker_that_failed_before_init(tmp_path, capsys, processes_of):
     """No traceback in logs/rank1.log: the failure shows rank 1's last output instead; its
     stdout and stderr go to the launcher's, prefixed."""
     out = tmp_path / "run"
@@ -181,7 +168,7 @@ def test_output_of_a_worker_that_failed_before_init(tmp_path, capsys):
     assert "[rank 1] warning from rank 1 line 99\n" in captured.err
     assert "[rank 1] RuntimeError: rank 1 could not start\n" in captured.err
     assert "warning" not in captured.out and "hello" not in captured.err
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
 
 
 def test_an_out_holding_a_run_is_refused_unless_overwrite(tmp_path):
@@ -203,7 +190,7 @@ def test_a_run_in_progress_locks_its_out(tmp_path):
 
 
 @pytest.mark.parametrize("signal_to", ["launcher", "group"])
-def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path, signal_to):
+def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path, signal_to, processes_of):
     """SIGTERM to the launcher, or Ctrl-C (SIGINT to the whole process group, the workers
     first here, as a busy launcher would see it): one line, no worker's traceback."""
     out = tmp_path / "run"
@@ -220,7 +207,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path, signal_t
     if signal_to == "launcher":
         proc.send_signal(signal.SIGTERM)
     else:
-        for pid in _processes_of(out):
+        for pid in processes_of(out):
             os.kill(pid, signal.SIGINT)
         time.sleep(0.3)
         os.killpg(proc.pid, signal.SIGINT)
@@ -229,11 +216,11 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_leaves_a_summary(tmp_path, signal_t
     assert "interrupted" in err and "Traceback" not in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"] == "interrupted" and min(summary["iterations"]) > 0
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
 
 
 @pytest.mark.parametrize("rank", [2, pytest.param(0, marks=pytest.mark.slow)])
-def test_a_stopped_worker_is_named_not_a_peer_waiting_for_it(rank, tmp_path):
+def test_a_stopped_worker_is_named_not_a_peer_waiting_for_it(rank, tmp_path, processes_of):
     """kill -STOP: the stopped worker cannot answer for its stack, and its peers, blocked in
     synchronisation, look alike; the kernel's process state tells them apart."""
     out = tmp_path / "run"
@@ -245,7 +232,7 @@ def test_a_stopped_worker_is_named_not_a_peer_waiting_for_it(rank, tmp_path):
     assert str(failure.value).startswith(f"worker rank {rank} was stopped")
     summary = json.loads((out / "summary.json").read_text())
     assert summary["stop_reason"].startswith(f"failed: worker rank {rank} was stopped")
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
 
 
 def test_a_worker_stopped_for_a_while_holds_the_others_back_and_the_run_goes_on(tmp_path):
@@ -270,7 +257,7 @@ def test_delayed_messages_hold_the_receivers_back(tmp_path):
     assert sum(waits) > 8 * 0.1
 
 
-def test_a_diverged_run_stops_every_worker_and_claims_no_target(train_run):
+def test_a_diverged_run_stops_every_worker_and_claims_no_target(train_run, processes_of):
     """`--lr 1e30` on svm: the loss becomes infinite, then NaN. The run stops there on every
     worker, says so, claims no time to target, and every file it wrote is strict JSON."""
     result = train_run(workload="svm", protocol="prague", group_size=2, lr=1e30,
@@ -288,7 +275,7 @@ def test_a_diverged_run_stops_every_worker_and_claims_no_target(train_run):
         for line in ([path.read_text()] if path.suffix == ".json" else
                      path.read_text().splitlines()):
             json.loads(line, parse_constant=refuse)
-    assert not _processes_of(result.run_dir)
+    assert not processes_of(result.run_dir)
 
 
 def test_a_link_too_slow_for_the_run_ends_it_at_max_time_not_as_a_deadlock(tmp_path):

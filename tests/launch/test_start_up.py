@@ -41,18 +41,6 @@ def _within(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def _processes_of(run_dir: Path) -> list[int]:
-    """PIDs of live processes whose environment names this run (leftover workers)."""
-    marker = f"HETSYNC_RUN_DIR={run_dir}".encode()
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and marker in (proc / "environ").read_bytes().split(b"\0"):
-                pids.append(int(proc.name))
-        except OSError:
-            continue
-    return pids
-
 
 def _script(tmp_path: Path, text: str) -> str:
     path = tmp_path / "script.py"
@@ -64,7 +52,8 @@ def _stop_reason(out: Path) -> str:
     return str(json.loads((out / "summary.json").read_text())["stop_reason"])
 
 
-def test_a_script_that_never_calls_init_is_named_within_the_join_limit(tmp_path, monkeypatch):
+def test_a_script_that_never_calls_init_is_named_within_the_join_limit(tmp_path, monkeypatch,
+                                                                       processes_of):
     monkeypatch.setattr(monitor, "JOIN_LIMIT_S", 2.0)
     out = tmp_path / "run"
     script = _script(tmp_path, "import time\ntime.sleep(1000)\n")
@@ -77,7 +66,7 @@ def test_a_script_that_never_calls_init_is_named_within_the_join_limit(tmp_path,
     assert message.startswith("worker rank 0 did not join the run within 2 s of its start "
                               "(its script never called hetsync.init()); nor did rank 1"), message
     assert _stop_reason(out).startswith("failed: worker rank 0 did not join the run")
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
 
 
 #: The scripts' imports.
@@ -97,7 +86,7 @@ SLEEPS = "if int(os.environ['RANK']) in {sleepers}:\n    time.sleep(1000)  # joi
              "hetsync.init(); nor has rank 1"),
 ])
 def test_a_worker_that_joins_and_never_trains_is_named_within_the_set_up_limit(
-        sleepers, expected, tmp_path, monkeypatch):
+        sleepers, expected, tmp_path, monkeypatch, processes_of):
     """The worker whose script sleeps is blamed, not its peer waiting for it in
     SyncOptimizer's set-up (the model's broadcast, the clock's barrier); its stack shows
     where it is."""
@@ -114,7 +103,7 @@ def test_a_worker_that_joins_and_never_trains_is_named_within_the_set_up_limit(
     assert message.startswith(expected), message
     assert "its stack:" in message and "script.py" in message and "<module>" in message
     assert _stop_reason(out).startswith(f"failed: {expected}")
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
 
 
 QUITS = "if os.environ['RANK'] == '1':\n    sys.exit(0)\n"
@@ -129,7 +118,7 @@ QUITS = "if os.environ['RANK'] == '1':\n    sys.exit(0)\n"
      "the others failed without it"),
 ])
 def test_a_worker_that_exits_cleanly_before_training_is_named_at_once(before, after, expected,
-                                                                      tmp_path):
+                                                                      tmp_path, processes_of):
     """Rank 1 ends cleanly, without joining while rank 0 waits for it in `hetsync.init()`,
     or after, while rank 0 fails in building its SyncOptimizer without it: one line on the
     terminal, long before any limit (the default ones here), naming rank 1."""
@@ -143,4 +132,4 @@ def test_a_worker_that_exits_cleanly_before_training_is_named_at_once(before, af
     assert done.returncode == 1, done.stderr
     assert done.stderr == f"hetsync: run failed: {expected}\n"
     assert _stop_reason(out) == f"failed: {expected}"
-    assert _processes_of(out) == []
+    assert processes_of(out) == []
