@@ -52,17 +52,23 @@ def _stop_reason(out: Path) -> str:
     return str(json.loads((out / "summary.json").read_text())["stop_reason"])
 
 
+def _failure(script: str, out: Path, hang_timeout: float, within: float, ends_by: float) -> str:
+    """The WorkerFailed line of a 2-worker run of `script`, which must fail in `ends_by`
+    seconds (and is stopped as a hang at `within`)."""
+    started = time.monotonic()
+    with _within(within), pytest.raises(WorkerFailed) as failure:
+        run(RunConfig(script=[script], workers=2, max_time=3.0, hang_timeout=hang_timeout,
+                      out=out, quiet=True, device="cpu"))
+    assert time.monotonic() - started < ends_by
+    return str(failure.value)
+
+
 def test_a_script_that_never_calls_init_is_named_within_the_join_limit(tmp_path, monkeypatch,
                                                                        processes_of):
     monkeypatch.setattr(monitor, "JOIN_LIMIT_S", 2.0)
     out = tmp_path / "run"
     script = _script(tmp_path, "import time\ntime.sleep(1000)\n")
-    started = time.monotonic()
-    with _within(30), pytest.raises(WorkerFailed) as failure:
-        run(RunConfig(script=[script], workers=2, max_time=3.0, hang_timeout=1.0, out=out,
-                      quiet=True, device="cpu"))
-    assert time.monotonic() - started < 15
-    message = str(failure.value)
+    message = _failure(script, out, hang_timeout=1.0, within=30, ends_by=15)
     assert message.startswith("worker rank 0 did not join the run within 2 s of its start "
                               "(its script never called hetsync.init()); nor did rank 1"), message
     assert _stop_reason(out).startswith("failed: worker rank 0 did not join the run")
@@ -94,12 +100,7 @@ def test_a_worker_that_joins_and_never_trains_is_named_within_the_set_up_limit(
     out = tmp_path / "run"
     script = _script(tmp_path, HEAD + "hetsync.init()\n" + SLEEPS.format(sleepers=sleepers)
                      + BUILDS)
-    started = time.monotonic()
-    with _within(45), pytest.raises(WorkerFailed) as failure:
-        run(RunConfig(script=[script], workers=2, max_time=3.0, hang_timeout=2.0, out=out,
-                      quiet=True, device="cpu"))
-    assert time.monotonic() - started < 30
-    message = str(failure.value)
+    message = _failure(script, out, hang_timeout=2.0, within=45, ends_by=30)
     assert message.startswith(expected), message
     assert "its stack:" in message and "script.py" in message and "<module>" in message
     assert _stop_reason(out).startswith(f"failed: {expected}")
