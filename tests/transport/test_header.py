@@ -48,3 +48,16 @@ def test_a_header_only_message_and_a_wrong_header_length():
     assert frame.header(frame.pack((2**40,))) == (2**40,)
     with pytest.raises(ValueError, match="a header of 1 words, not 2"):
         frame.pack((1, 2))
+
+
+def test_a_header_through_torch_reads_as_through_host_memory():
+    """A buffer that is not plain host bytes (a GPU one; here a strided view) takes torch's
+    path: the same words either way."""
+    frame = Frame(words=2, numel=0, dtype=torch.int64)
+    plain = frame.empty()
+    strided = torch.zeros(2 * frame.nbytes, dtype=torch.uint8)[::2]
+    header = (-(2**63), 2**63 - 1)
+    for message in (plain, strided):
+        frame.write_header(message, header)
+        assert frame.header(message) == header
+    assert torch.equal(strided, plain)
