@@ -207,3 +207,53 @@ def test_a_given_target_loss_is_kept_even_at_zero(tmp_path, given):
     """`--target-loss 0` (never stop at a target) is a value, not "not given"."""
     runs = plan(SUITE, BenchOptions(suite="test", workers=4, target_loss=given), tmp_path)
     assert {run.config.target_loss for run in runs} == {given}
+
+
+def test_with_repeats_a_real_suite_sets_each_round_against_its_own_references(tmp_path):
+    """A machine twice as fast in the second round: each run is set against the ideal of its
+    own round, then the median over the rounds; the ratio of the medians would pair one
+    round's run with another's references. The range over the rounds is shown beside it."""
+    options = BenchOptions(suite="real-test", workers=4, repeats=3)
+    runs = plan(REAL, options, tmp_path)
+
+    def real(samples: float) -> dict:
+        return {**summary(None, samples), "compute_ms_median": 50.0, "iterations": [10] * 4}
+
+    speed = (1.0, 2.0, 1.5)  # the machine, round by round
+    solo, share, side = 500.0, 125.0, 1800.0
+    write(runs, {
+        ("solo", "solo"): [real(solo * k) for k in speed],
+        ("solo at share", "solo"): [real(share * k) for k in speed],
+        ("alone at once", "alone"): [real(side * k) for k in speed],
+        ("homogeneous", "allreduce"): [real(0.9 * 4 * solo * k) for k in speed],
+        ("homogeneous", "adpsgd"): [real(f * 4 * solo * k)
+                                    for f, k in zip((0.95, 0.85, 0.8), speed, strict=True)],
+        ("slow", "allreduce"): [real(0.3 * (3 * solo + share) * k) for k in speed],
+        ("slow", "adpsgd"): [real(0.9 * (3 * solo + share) * k) for k in speed[:2]] + [None],
+    })
+    results = collect(REAL, options, runs, tmp_path)
+    homogeneous, slow = rows(results, "homogeneous"), rows(results, "slow")
+    adpsgd = homogeneous["adpsgd"]
+    assert adpsgd["ideal_samples_per_s"] == 3000  # of the medians: 4 x 750
+    assert adpsgd["samples_per_s"] / 3000 == 0.8  # what the medians alone would say
+    assert adpsgd["ideal_fraction"] == 0.85
+    assert adpsgd["ideal_fraction_range"] == [0.8, 0.95]
+    assert homogeneous["allreduce"]["ideal_fraction"] == 0.9
+    assert homogeneous["allreduce"]["ideal_fraction_range"] == [0.9, 0.9]
+    assert homogeneous["allreduce"]["alone_at_once_fraction"] == 1.0  # 4 x 450 each round
+    assert slow["allreduce"]["ideal_fraction"] == 0.3
+    assert slow["adpsgd"]["ideal_fraction"] == 0.9  # over the rounds it finished
+    table = real_table(results["settings"][3])
+    assert "| 2400 | 85.0% (80.0-95.0) | 94.4% (88.9-105.6) |" in table
+
+
+def test_one_repeat_shows_no_range(tmp_path):
+    options = BenchOptions(suite="real-test", workers=4)
+    runs = plan(REAL, options, tmp_path)
+    write(runs, {key: [{**summary(None, 1000.0), "compute_ms_median": 50.0}]
+                 for key in [("solo", "solo"), ("solo at share", "solo"),
+                             ("alone at once", "alone"), ("homogeneous", "allreduce"),
+                             ("homogeneous", "adpsgd"), ("slow", "allreduce"),
+                             ("slow", "adpsgd")]})
+    row = rows(collect(REAL, options, runs, tmp_path), "homogeneous")["adpsgd"]
+    assert row["ideal_fraction"] == 0.25 and row["ideal_fraction_range"] is None

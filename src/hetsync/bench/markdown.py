@@ -68,7 +68,9 @@ _REAL_UNITS = (
     ", each measured alone (the `solo` runs, pinned the same way); \"compute inflation\" is the "
     "median compute step over the solo one's; \"of alone at once\" and \"compute vs alone at "
     "once\" set them against the n workers each alone at the same time, on the same cores "
-    "(the machine's own limit). Real compute and real CPU quotas: nothing emulated")
+    "(the machine's own limit); with repeats, each fraction is the median over the rounds of "
+    "a run against its own round's references, the range over the rounds in brackets. Real "
+    "compute and real CPU quotas: nothing emulated")
 _ALONE = ", each alone (a world of one), all at the same time"
 
 
@@ -79,13 +81,22 @@ def real_table(setting: dict[str, Any]) -> str:
     for row in setting["results"]:
         lines.append((
             row["label"], _time(row), sig(row["samples_per_s"]),
-            percent(row.get("ideal_fraction")), percent(row.get("alone_at_once_fraction")),
+            _with_range(row, "ideal_fraction"), _with_range(row, "alone_at_once_fraction"),
             sig(row["compute_ms_median"]), _ratio(row.get("compute_inflation")),
             _ratio(row.get("alone_at_once_inflation")), iteration_spread(row["iterations"]),
             thread_cpu(row["thread_cpu_ms_per_iteration"]), percent(row["final_accuracy"]),
             percent(row["sync_wait_fraction"]),
         ))
     return "\n".join("| " + " | ".join(line) + " |" for line in lines) + "\n"
+
+
+def _with_range(row: dict[str, Any], key: str) -> str:
+    """A fraction, and with repeats its range over the rounds: "93.9% (86.9-97.3)"."""
+    spread = row.get(f"{key}_range")
+    if not spread:
+        return percent(row.get(key))
+    low, high = (f"{100 * v:.1f}" for v in spread)
+    return f"{percent(row.get(key))} ({low}-{high})"
 
 
 def headline_lines(results: dict[str, Any]) -> list[str]:

@@ -34,7 +34,9 @@ def _median(values: list[float | None]) -> float | None:
 
 def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str, Any]:
     """One row: the medians of the variant's finished repeats in one setting."""
-    summaries = [json.loads((r.run_dir / "summary.json").read_text()) for r in runs if r.done]
+    by_repeat = {r.repeat: json.loads((r.run_dir / "summary.json").read_text())
+                 for r in runs if r.done}
+    summaries = list(by_repeat.values())
     failed = [r for r in runs if not r.done and (r.run_dir / FAILED_FILE).is_file()]
     row: dict[str, Any] = {
         "label": variant.label,
@@ -64,6 +66,10 @@ def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str,
                                           if summaries else None)
     row["time_to_iteration_s"] = _median([(s.get("time_to_iteration_s") or {}).get("median_s")
                                           for s in summaries])  # simulated runs only
+    # Round by round (a repeat's runs all ran in one round: runner.in_rounds), for the real
+    # suites' ratios to the references of the same round.
+    row["by_round"] = {key: {str(r): s.get(key) for r, s in sorted(by_repeat.items())}
+                       for key in ("samples_per_s", "compute_ms_median")}
     return row
 
 
@@ -137,8 +143,9 @@ def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
     alone at that share; and each row's compute inflation, its median compute step over one
     worker's alone. Where the suite ran its n workers alone at once (`Setting.side_by_side`),
     each row is also set against that, the machine's own limit: n times their mean rate (a
-    worker at a share again counted at its own alone), and their median compute step. Set in
-    place on the rows of the non-reference settings."""
+    worker at a share again counted at its own alone), and their median compute step. With
+    repeats, each fraction is taken round by round against that round's references, then
+    the median (`_fractions`). Set in place on the rows of the non-reference settings."""
     alone = {(s.workload, _reference_kind(s)): out
              for s, out in zip(suite.settings, settings, strict=True) if s.reference}
     for setting, out in zip(suite.settings, settings, strict=True):
@@ -150,19 +157,55 @@ def real_ideals(suite: Suite, settings: list[dict[str, Any]]) -> None:
             refs[2] = None  # n alone at once is the unit of n workers only
         solo, slow, side = (ref["results"][0] if ref else None for ref in refs)
         slowed = len(parse_slowdown(setting.slowdown).ranks)
-        slow_rate = slow and slow["samples_per_s"]
-        ideal = _ideal(n, slowed, solo and solo["samples_per_s"], slow_rate)
-        each = side["samples_per_s"] / n if side and side["samples_per_s"] else None
-        at_once = _ideal(n, slowed, each, slow_rate)
+        ideal = _ideals(n, slowed, solo, slow, None)
+        at_once = _ideals(n, slowed, side, slow, n)
         for row in out["results"]:
-            row["ideal_samples_per_s"] = round(ideal, 2) if ideal else None
-            row["ideal_fraction"] = _ratio(row["samples_per_s"], ideal)
+            row["ideal_samples_per_s"] = _rounded(ideal["median"])
+            row.update(_fractions("ideal_fraction", row, ideal))
             row["compute_inflation"] = _ratio(row["compute_ms_median"],
                                               solo and solo["compute_ms_median"])
-            row["alone_at_once_samples_per_s"] = round(at_once, 2) if at_once else None
-            row["alone_at_once_fraction"] = _ratio(row["samples_per_s"], at_once)
+            row["alone_at_once_samples_per_s"] = _rounded(at_once["median"])
+            row.update(_fractions("alone_at_once_fraction", row, at_once))
             row["alone_at_once_inflation"] = _ratio(row["compute_ms_median"],
                                                     side and side["compute_ms_median"])
+
+
+def _ideals(workers: int, slowed: int, unit: dict[str, Any] | None,
+            slow: dict[str, Any] | None, of: int | None) -> dict[str, Any]:
+    """The ideal from the `unit` reference row (one worker alone; or, with `of`, that many
+    alone at once, whose rate is shared among them) and the `slow` one (alone at the
+    straggler's share): from the references' medians ("median"), and from each round's own
+    references ("rounds": {repeat: ideal or None})."""
+    def ideal(unit_rate: float | None, slow_rate: float | None) -> float | None:
+        each = unit_rate / of if unit_rate and of else unit_rate
+        return _ideal(workers, slowed, each, slow_rate)
+
+    def rate(row: dict[str, Any] | None, repeat: str) -> float | None:
+        return row["by_round"]["samples_per_s"].get(repeat) if row else None
+
+    rounds = {repeat: ideal(rate(unit, repeat), rate(slow, repeat))
+              for repeat in (unit["by_round"]["samples_per_s"] if unit else {})}
+    return {"median": ideal(unit and unit["samples_per_s"], slow and slow["samples_per_s"]),
+            "rounds": rounds}
+
+
+def _fractions(key: str, row: dict[str, Any], ideal: dict[str, Any]) -> dict[str, Any]:
+    """A row's fraction of `ideal`: each round's samples/s over that round's own ideal, then
+    the median over rounds, so that a machine whose speed drifts between rounds slows a
+    protocol and its references alike; with the range over rounds beside it (a spread wider
+    than the distance between two rows says the machine, not the protocols, set it). A row
+    with no round of its own references falls back to the ratio of the medians."""
+    fractions = [_ratio(samples, ideal["rounds"].get(repeat))
+                 for repeat, samples in row["by_round"]["samples_per_s"].items()]
+    present = [f for f in fractions if f is not None]
+    if not present:
+        return {key: _ratio(row["samples_per_s"], ideal["median"]), f"{key}_range": None}
+    spread = [min(present), max(present)] if len(present) > 1 else None
+    return {key: round(median(present), 3), f"{key}_range": spread}
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 2) if value else None
 
 
 def _reference_kind(setting: Setting) -> str:
