@@ -1,9 +1,10 @@
 """A suite's figures: per setting and variant, the median over repeats, and ratios to the
 All-Reduce and DDP rows of the same setting.
 
-Ratios are of medians. A run that stopped at its time cap without reaching the target has an
-unknown time to target above its run time, so a speed-up against it is a bound ("at least" or
-"at most"), never a made-up number.
+Ratios are of medians (a real suite's fractions of its ideal excepted: taken round by round
+against the same round's references, then the median, `real_ideals`). A run that stopped at
+its time cap without reaching the target has an unknown time to target above its run time,
+so a speed-up against it is a bound ("at least" or "at most"), never a made-up number.
 """
 
 from __future__ import annotations
