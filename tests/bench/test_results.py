@@ -247,6 +247,32 @@ def test_with_repeats_a_real_suite_sets_each_round_against_its_own_references(tm
     assert "| 2400 | 85.0% (80.0-95.0) | 94.4% (88.9-105.6) |" in table
 
 
+def test_a_round_whose_reference_failed_drops_out_and_the_table_says_so(tmp_path):
+    options = BenchOptions(suite="real-test", workers=4, repeats=3)
+    runs = plan(REAL, options, tmp_path)
+
+    def real(samples: float) -> dict:
+        return {**summary(None, samples), "compute_ms_median": 50.0, "iterations": [10] * 4}
+
+    speed = (1.0, 2.0, 1.5)
+    write(runs, {
+        ("solo", "solo"): [real(500.0), None, real(750.0)],  # round 2's failed
+        ("solo at share", "solo"): [real(125.0 * k) for k in speed],
+        ("alone at once", "alone"): [real(1800.0 * k) for k in speed],
+        ("homogeneous", "allreduce"): [real(1800.0 * k) for k in speed],
+        ("homogeneous", "adpsgd"): [real(f * 2000.0 * k)
+                                    for f, k in zip((0.95, 0.85, 0.8), speed, strict=True)],
+        ("slow", "allreduce"): [real(500.0 * k) for k in speed],
+        ("slow", "adpsgd"): [real(1500.0 * k) for k in speed],
+    })
+    results = collect(REAL, options, runs, tmp_path)
+    adpsgd = rows(results, "homogeneous")["adpsgd"]
+    assert adpsgd["ideal_fraction"] == 0.875  # rounds 1 and 3: 0.95 and 0.8
+    assert adpsgd["ideal_fraction_rounds"] == 2
+    assert adpsgd["alone_at_once_fraction_rounds"] == 3
+    assert "| 87.5% (80.0-95.0; 2 of 3 rounds) |" in real_table(results["settings"][3])
+
+
 def test_one_repeat_shows_no_range(tmp_path):
     options = BenchOptions(suite="real-test", workers=4)
     runs = plan(REAL, options, tmp_path)

@@ -61,3 +61,4 @@ def test_a_header_through_torch_reads_as_through_host_memory():
         frame.write_header(message, header)
         assert frame.header(message) == header
     assert torch.equal(strided, plain)
+    assert plain.view(torch.int64).tolist() == list(header)  # torch's own int64 view reads it

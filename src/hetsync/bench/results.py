@@ -69,8 +69,8 @@ def aggregate(variant: Variant, runs: list[PlannedRun], root: Path) -> dict[str,
                                           for s in summaries])  # simulated runs only
     # Round by round (a repeat's runs all ran in one round: runner.in_rounds), for the real
     # suites' ratios to the references of the same round.
-    row["by_round"] = {key: {str(r): s.get(key) for r, s in sorted(by_repeat.items())}
-                       for key in ("samples_per_s", "compute_ms_median")}
+    row["by_round"] = {"samples_per_s": {str(r): s.get("samples_per_s")
+                                         for r, s in sorted(by_repeat.items())}}
     return row
 
 
@@ -194,15 +194,19 @@ def _fractions(key: str, row: dict[str, Any], ideal: dict[str, Any]) -> dict[str
     """A row's fraction of `ideal`: each round's samples/s over that round's own ideal, then
     the median over rounds, so that a machine whose speed drifts between rounds slows a
     protocol and its references alike; with the range over rounds beside it (a spread wider
-    than the distance between two rows says the machine, not the protocols, set it). A row
-    with no round of its own references falls back to the ratio of the medians."""
+    than the distance between two rows says the machine, not the protocols, set it), and
+    how many rounds it rests on (`<key>_rounds`: a round whose reference failed drops out; 0:
+    no round had its references, and the ratio of the medians stands in). A repeat that
+    `--resume` ran later is paired with its round's references all the same."""
     fractions = [_ratio(samples, ideal["rounds"].get(repeat))
                  for repeat, samples in row["by_round"]["samples_per_s"].items()]
     present = [f for f in fractions if f is not None]
     if not present:
-        return {key: _ratio(row["samples_per_s"], ideal["median"]), f"{key}_range": None}
+        return {key: _ratio(row["samples_per_s"], ideal["median"]), f"{key}_range": None,
+                f"{key}_rounds": 0}
     spread = [min(present), max(present)] if len(present) > 1 else None
-    return {key: round(median(present), 3), f"{key}_range": spread}
+    return {key: round(median(present), 3), f"{key}_range": spread,
+            f"{key}_rounds": len(present)}
 
 
 def _rounded(value: float | None) -> float | None:

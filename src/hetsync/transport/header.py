@@ -80,6 +80,8 @@ class Frame:
         if len(header) != self.words:
             raise ValueError(f"a header of {self.words} words, not {len(header)}: {header!r}")
         words = _words(self.words).pack(*header)
+        if not words:
+            return
         if _in_host_memory(message, len(words)):
             ctypes.memmove(message.data_ptr(), words, len(words))
         else:
