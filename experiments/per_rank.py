@@ -9,8 +9,12 @@ longest causes); then each rank's median compute step in each second of the run,
 wait in each second of the ranks that waited. A compute step raised on one rank for a few
 seconds and then on another points at the machine (a busy hyperthread sibling, a host's
 steal), one raised on every rank all the run at the protocol; a wait that comes in every
-second at a neighbour of the straggler, at the protocol. Quoted in docs/real-compute.md (the
-leases' sections).
+second at a neighbour of the straggler, at the protocol. Beside them, each second's CPU of the
+training thread and of the rank's other threads (protocol threads, gloo's), as a percentage
+of a core, from the rows that count it (`cpu_s`, about one a second): a slow second whose
+training thread had the whole core and whose other threads next to none is the core's speed,
+not a thread of the protocol's taking it (docs/real-compute.md, real-small-14). Quoted in
+docs/real-compute.md (the leases' sections).
 """
 
 from __future__ import annotations
@@ -33,9 +37,18 @@ def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     by_second: dict[int, list[float]] = {}
     synced: dict[int, float] = {}
     waited: dict[str, float] = {}
+    cpu: dict[int, tuple[int, int]] = {}  # second: (training, the others), % of a core
+    counted_since = 0.0  # a `cpu_s` row counts the CPU since the previous one (or the clock)
     for row in rows:
         second = int(row["t"])
         by_second.setdefault(second, []).append(row["compute_s"])
+        if (spent := row.get("cpu_s")) and row["t"] > counted_since:
+            span = row["t"] - counted_since
+            training = spent.get("training", 0.0)
+            others = sum(spent.values()) - training
+            middle = int(counted_since + span / 2)  # the second it mostly covers
+            cpu[middle] = (round(100 * training / span), round(100 * others / span))
+            counted_since = row["t"]
         synced[second] = synced.get(second, 0.0) + row.get("sync_wait_s", 0.0)
         for key, value in row.items():
             if key.startswith("wait_"):  # Hop's: what the iteration waited for
@@ -50,6 +63,7 @@ def rank_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "per_second_ms": [round(1000 * statistics.median(by_second[s]))
                           for s in sorted(by_second)],
         "per_second_sync_ms": [round(1000 * synced[s]) for s in sorted(by_second)],
+        "per_second_cpu_percent": [cpu.get(s) for s in sorted(by_second)],
         "waited_s": {cause: round(seconds, 3) for cause, seconds
                      in sorted(waited.items(), key=lambda item: -item[1])},
     }
@@ -92,6 +106,12 @@ def main() -> None:
         print("  per second (median compute step, ms):")
         for rank, f in figures.items():
             print(f"  {rank:6} " + " ".join(f"{ms:4}" for ms in f["per_second_ms"]))
+        if any(any(f["per_second_cpu_percent"]) for f in figures.values()):
+            for i, whose in enumerate(("the training thread", "the other threads")):
+                print(f"  per second (CPU of {whose}, % of a core):")
+                for rank, f in figures.items():
+                    print(f"  {rank:6} " + " ".join(f"{c[i]:4}" if c else "   -"
+                                                  for c in f["per_second_cpu_percent"]))
         waiting = {rank: f for rank, f in figures.items() if f["sync_wait_s"] >= _SHOWN_WAIT_S}
         if waiting:
             print("  per second (sync wait, ms), the ranks that waited:")
