@@ -94,15 +94,15 @@ def _with_range(row: dict[str, Any], key: str) -> str:
     """A fraction, and with repeats its range over the rounds, and how many rounds it rests
     on where that is fewer than the repeats done: "93.9% (86.9-97.3)", "95.0% (1 of 3
     rounds)"."""
+    value, rounds = row.get(key), row.get(f"{key}_rounds")
     notes = []
     if spread := row.get(f"{key}_range"):
         notes.append("-".join(f"{100 * v:.1f}" for v in spread))
-    rounds = row.get(f"{key}_rounds")
-    if rounds == 0 and row.get(key) is not None:
+    if value is not None and rounds == 0:
         notes.append("no round with its references: of the medians")
-    elif rounds is not None and row.get(key) is not None and rounds < row["repeats_done"]:
+    elif value is not None and rounds is not None and rounds < row["repeats_done"]:
         notes.append(f"{rounds} of {row['repeats_done']} rounds")
-    return percent(row.get(key)) + (f" ({'; '.join(notes)})" if notes else "")
+    return percent(value) + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def headline_lines(results: dict[str, Any]) -> list[str]:
