@@ -106,7 +106,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         protocol_class = get_protocol(protocol or config.protocol)
         self.protocol: Protocol = protocol_class(self.runtime, model, optimizer)
-        self.model = self.protocol.wrap_model()
+        self.model = model  # the user's own module, under every protocol
         self._raw_model = model
         self._slowdown = config.slowdown_spec()
         self._step_time_s = config.step_time / 1000.0

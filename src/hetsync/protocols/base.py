@@ -51,10 +51,6 @@ class Protocol:
     def begin_iteration(self, step: Step) -> None:
         """Called before the forward pass of `step` (for hooks that fire inside backward())."""
 
-    def wrap_model(self) -> nn.Module:
-        """The module the user's forward pass must call (DDP wraps; others return the model)."""
-        return self.model
-
     def before_optimizer_step(self, step: Step) -> None:
         """Called after backward(), before optimizer.step()."""
 

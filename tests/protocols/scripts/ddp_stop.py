@@ -25,6 +25,6 @@ while not optimizer.should_stop:
         optimizer.request_stop()
     optimizer.step()
 optimizer.close()
-sizes = model._get_ddp_logging_data()["rebuilt_bucket_sizes"]  # prepare() returned the DDP
+sizes = optimizer.protocol.ddp._get_ddp_logging_data()["rebuilt_bucket_sizes"]  # the driver's
 with open(f"{out}/ddp_rank{runtime.rank}.json", "w") as f:
     json.dump({"iterations": optimizer.iteration, "buckets": len(sizes.split(","))}, f)

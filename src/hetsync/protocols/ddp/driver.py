@@ -16,14 +16,28 @@ The hook reduces through the runtime's direct link, like every hetsync message; 
 own traffic (its broadcasts of the model and of the buffers) is torch's, the one exception to
 the rule that only hetsync.transport.links talks to torch.distributed. Under NCCL the model
 must be on a GPU (DDP's broadcasts would hand NCCL host memory): a ConfigError says so.
+
+`prepare()` returns the user's own module, as under every other protocol: the wrapper stays
+inside the driver, and what its `forward()` does around the module's (`_pre_forward`: the
+reducer readied for a backward pass, the buffers broadcast; `_post_forward`: the reducer told
+to expect the gradients) runs in forward hooks common to all modules (torch's
+`register_module_forward_pre_hook`), filtered on the user's module: a hook registered on the
+module itself would be pickled, deep-copied and saved with it, and a copy's forward pass would
+drive this run's reducer. Only a forward pass that records gradients takes part: one under
+`torch.no_grad()` (a validation pass, on any ranks, any number of batches) leaves the reducer
+and the buffers alone, as it would under a `DistributedDataParallel` whose `no_sync()`
+skipped it. Inputs are not moved to the model's device (no `device_ids`), as under the other
+protocols.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from hetsync.errors import ConfigError
@@ -55,14 +69,15 @@ class DDP(Protocol):
         if runtime.backend == "nccl" and device.type != "cuda":
             raise ConfigError(f"ddp: --backend nccl reduces on the GPU, but the model is on "
                               f"{device}: move it to a GPU, or use --backend gloo")
-        device_ids = [device] if device.type == "cuda" else None
         self.link = runtime.links.direct
         # The gradients are views into DDP's buckets: no copy of them into the buckets before
         # the all-reduce and back after it (with the 45 MB model, 4-12 % more samples/s in
         # three alternated pairs; docs/real-compute.md, "DDP's gradients in its buckets").
-        self.ddp = DistributedDataParallel(model, device_ids=device_ids,
-                                           gradient_as_bucket_view=True)
+        self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         self.ddp.register_comm_hook(None, self._hook)
+        self._bookkeeping = False  # the model's forward pass running has readied the reducer
+        self._forward_hooks = [register_module_forward_pre_hook(self._pre_forward),
+                               register_module_forward_hook(self._post_forward)]
         self.step: Step | None = None
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self._reduce: Reduce | None = None  # what this iteration's buckets contribute
@@ -71,8 +86,27 @@ class DDP(Protocol):
         """The last bucket's buffer with the vote, and any bucket's off the wire device, by
         bucket index, reused step after step (Link.flat says why: fresh pages every step)."""
 
-    def wrap_model(self) -> nn.Module:
-        return self.ddp
+    def _pre_forward(self, module: nn.Module, args: tuple[Any, ...]) -> None:
+        """Before any module's forward pass: the user's model's readies DDP's reducer."""
+        if module is self.model:
+            self._bookkeeping = torch.is_grad_enabled()
+            if self._bookkeeping:
+                self.ddp._pre_forward(*args)
+
+    def _post_forward(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        """After any module's forward pass: the user's model's tells DDP's reducer to expect
+        this output's gradients (returned as DDP's forward would return it)."""
+        if module is not self.model or not self._bookkeeping:
+            return None
+        self._bookkeeping = False
+        return self.ddp._post_forward(output)
+
+    def close(self) -> None:
+        """The model's forward passes are its own again (the reducer ignores a later
+        backward pass: no forward pass readied it)."""
+        for handle in self._forward_hooks:
+            handle.remove()
+        self._forward_hooks = []
 
     def before_optimizer_step(self, step: Step) -> None:
         # Gradients were reduced during backward(); only the votes remain to be read.
