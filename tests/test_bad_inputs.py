@@ -71,6 +71,25 @@ def test_a_file_that_is_not_a_regular_file_is_refused_before_it_is_read(tmp_path
     _refused(RunConfig(workload="svm", slowdown="trace:"), "trace file: no file given")
 
 
+def test_a_launched_file_that_python_cannot_run_is_refused_before_spawning(tmp_path):
+    """A binary, a file of another language or a script with a syntax error: one line, not
+    every worker spawned to fail with a SyntaxError."""
+    binary, shell, broken = tmp_path / "model.pt", tmp_path / "train.sh", tmp_path / "train.py"
+    binary.write_bytes(b"PK-not-a-zip\0" + BINARY)
+    shell.write_text("#!/bin/sh\nfor i in 1 2; do echo $i; done\n")
+    broken.write_text("def main(:\n    pass\n")
+    _refused(RunConfig(script=[str(binary)]), f"script {binary} is not a Python script")
+    _refused(RunConfig(script=[str(shell)]), f"script {shell} is not valid Python: .*[(]line 2[)]")
+    _refused(RunConfig(script=[str(broken)]), f"script {broken} is not valid Python")
+    fine = tmp_path / "fine.py"
+    fine.write_text("# -*- coding: latin-1 -*-\nprint('caf\xe9')\n", encoding="latin-1")
+    RunConfig(script=[str(fine)]).validate()
+
+
+def test_a_gpu_index_says_how_to_pick_a_gpu():
+    _refused(RunConfig(workload="svm", device="cuda:1"), "CUDA_VISIBLE_DEVICES=1")
+
+
 def test_one_option_spelled_two_ways_in_a_config_file_is_refused():
     with pytest.raises(ConfigError, match="'max-time' and 'max_time' are one option"):
         RunConfig.from_dict({"max-time": 3, "max_time": 4}, source="run.toml")

@@ -14,6 +14,7 @@ _PUBLIC = {
     "ConfigError": "hetsync.errors",
     "HetsyncError": "hetsync.errors",
     "Protocol": "hetsync.protocols.base",
+    "RunStopped": "hetsync.errors",
     "Runtime": "hetsync.transport.runtime",
     "Step": "hetsync.step",
     "SyncOptimizer": "hetsync.api",

@@ -88,7 +88,8 @@ _RUN_HELP = {
 }
 #: Defaults that are not a value: what an unset option means.
 _DEFAULT_TEXT = {
-    "max_time": f"{RunConfig.DEFAULT_MAX_TIME:g} s if no iteration limit is set",
+    "max_time": f"train: {RunConfig.DEFAULT_MAX_TIME:g} s if no iteration limit is set; "
+    "launch: none, the script's loop ends the run",
     "max_iterations": "no limit",
     "target_loss": "the workload's",
     "batch_size": "the workload's",

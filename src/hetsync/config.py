@@ -33,7 +33,7 @@ from hetsync.protocols.option_field import check_values, flag
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
 from hetsync.transport.placement import BACKENDS, DEVICES
-from hetsync.user_files import check_user_file, read_user_text
+from hetsync.user_files import check_python_script, read_user_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,6 +53,10 @@ _CHOICES = {
     "on_failure": ("stop", "continue"),
     "eval_bn": ("recompute", "saved"),
 }
+
+#: What `--device cuda:1` (PyTorch's spelling) gets told: the workers' GPUs are placed by rule.
+_PICK_A_GPU = (": hetsync places the workers on the visible GPUs itself, round-robin; to pick "
+               "GPU 1, run with CUDA_VISIBLE_DEVICES=1 and --device cuda")
 
 
 @dataclass
@@ -244,7 +248,7 @@ class RunConfig(_RunOptions):
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(f"{flag(name)} must be {' or '.join(allowed)} "
-                                  f"(got {value!r})")
+                                  f"(got {value!r}){_PICK_A_GPU if name == 'device' else ''}")
         if self.protocol_options is not None:
             check_values(self.protocol_options)
         self.slowdown_spec().check_ranks(self.workers)
@@ -273,11 +277,13 @@ class RunConfig(_RunOptions):
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
         if self.script:
-            check_user_file(self.script[0], "script")
+            check_python_script(self.script[0], "script")
         return self
 
     def resolved(self) -> RunConfig:
-        """A copy with the workload's defaults and a stop condition filled in."""
+        """A copy with the workload's defaults and, for a built-in workload, a stop condition
+        filled in. A user's script (`hetsync launch`) gets none: its own loop decides when it
+        ends, and a limit it never asked for would cut its training short."""
         from hetsync.workloads import get_workload
 
         values = self.to_dict()

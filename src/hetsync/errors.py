@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "Deadlock", "HetsyncError", "OutputFailed", "WorkerFailed"]
+__all__ = ["ConfigError", "Deadlock", "HetsyncError", "OutputFailed", "RunStopped",
+           "WorkerFailed"]
 
 
 class HetsyncError(Exception):
@@ -31,6 +32,19 @@ class WorkerFailed(HetsyncError, RuntimeError):
 class OutputFailed(HetsyncError, RuntimeError):
     """A run's own files could not be written (a full disk, a folder made read-only): the
     message is one line naming the folder and the system's reason."""
+
+
+class RunStopped(SystemExit):
+    """`step()` called after the run stopped (--max-time, --max-iterations, the target loss, a
+    `request_stop()`): the worker's part in the run is over, so its script ends here, with exit
+    status 0 and no traceback, as `sys.exit(0)` would, and hetsync closes the run at exit. A
+    loop that reads `optimizer.should_stop` (or uses `optimizer.iterate()`) never meets it
+    and goes on after the loop. A SystemExit, not an Exception: a script's `except Exception`
+    around its loop does not swallow the end of its run."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(0)
+        self.reason = reason
 
 
 class Deadlock(HetsyncError, RuntimeError):

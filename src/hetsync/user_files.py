@@ -9,14 +9,17 @@ the option the file came from.
 
 from __future__ import annotations
 
+import importlib.util
 import stat
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from hetsync.errors import ConfigError
 
-__all__ = ["TEXT_LIMIT", "check_user_file", "out_folder", "read_user_text"]
+__all__ = ["TEXT_LIMIT", "check_python_script", "check_user_file", "out_folder",
+           "read_user_text"]
 
 #: The largest text file read whole (a slowdown trace of 1000 workers' 10,000 iterations is
 #: about 150 MB).
@@ -57,6 +60,33 @@ def read_user_text(path: str | Path, what: str, error: type[ConfigError] = Confi
         raise error(f"cannot read {what} {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise error(f"{what} {path} is not a text file (not UTF-8)") from None
+
+
+def check_python_script(path: str | Path, what: str = "script") -> Path:
+    """`path` if Python can run it as a script: a text file that compiles (a SyntaxError is
+    named here, once, not by every worker after they all spawned), or a zip application.
+    A binary, a folder or a file of another language: ConfigError naming `what`."""
+    path = check_user_file(path, what)
+    if zipfile.is_zipfile(path):  # `python app.pyz` runs its __main__.py
+        return path
+    size = path.stat().st_size
+    if size > TEXT_LIMIT:
+        raise ConfigError(f"{what} {path} is {size / 2**20:.0f} MiB: not a Python script")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
+    if b"\0" in data:
+        raise ConfigError(f"{what} {path} is not a Python script (a binary file)")
+    try:
+        compile(importlib.util.decode_source(data), str(path), "exec", dont_inherit=True)
+    except (UnicodeDecodeError, LookupError):
+        raise ConfigError(f"{what} {path} is not a Python script (not text in its "
+                          f"encoding)") from None
+    except SyntaxError as exc:
+        raise ConfigError(f"{what} {path} is not valid Python: {exc.msg} (line "
+                          f"{exc.lineno})") from None
+    return path
 
 
 @contextmanager

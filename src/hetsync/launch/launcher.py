@@ -405,8 +405,11 @@ def _progress_bar(config: RunConfig) -> tqdm | None:
         return None
     unit = "s" if config.max_time is not None else " it"
     total = round(config.max_time) if config.max_time is not None else config.max_iterations
-    fmt = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total}" + unit
-    fmt += " [{elapsed}<{remaining}{postfix}]"
+    if total is None:  # a script's loop ends the run: no end to show, the iterations so far
+        fmt = "{desc}: {n} it [{elapsed}{postfix}]"
+    else:
+        fmt = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total}" + unit
+        fmt += " [{elapsed}<{remaining}{postfix}]"
     return tqdm(total=total, desc=config.label, bar_format=fmt, dynamic_ncols=True)
 
 
@@ -419,8 +422,10 @@ def _update_bar(
     iterations = [it for r, it in enumerate(progress.iterations) if r not in monitor.lost]
     if config.max_time is not None:
         bar.n = min(round(progress.elapsed), bar.total)
-    else:
+    elif bar.total is not None:
         bar.n = min(min(iterations), bar.total)
+    else:
+        bar.n = min(iterations)
     postfix = {"iters": f"{min(iterations)}-{max(iterations)}"}
     if monitor.lost:
         postfix["lost"] = str(len(monitor.lost))

@@ -87,6 +87,12 @@ class Runtime:
     one of them. The default is a gloo run's (tests that build a Runtime by hand)."""
     control: ControlChannel | None = None
     """The training loop's heartbeats out and the run's stop in (`open_control`)."""
+    exit_hooks: list[Callable[[], None]] = dataclasses.field(default_factory=list)
+    """Run by `shutdown()` (at interpreter exit too), last added first, before the process
+    group goes: a `SyncOptimizer` its script never closed ends its part in the run there
+    (its protocol's threads joined, the end rendezvous), not with gloo torn down under it."""
+    crashed: bool = False
+    """The script ended with an uncaught exception: at exit nothing waits for the others."""
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -229,6 +235,7 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
         message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
     _install_failure_reporting(_RUNTIME)
+    _note_crashes(_RUNTIME)
     atexit.register(shutdown)  # a process group alive at exit aborts the interpreter (gloo)
     if launched:  # after the hooks: the monitor may now ask for its stack (SIGUSR1)
         control.set(JOINED_KEY.format(rank=rank), "")
@@ -251,9 +258,12 @@ def thread_count(env: Mapping[str, str]) -> int | None:
 
 
 def shutdown() -> None:
-    """Leave the run: destroy the process group (idempotent)."""
+    """Leave the run: close what the script left open (`Runtime.exit_hooks`: its
+    SyncOptimizer), then destroy the process group (idempotent; at interpreter exit too)."""
     global _RUNTIME
     if _RUNTIME is not None:
+        while _RUNTIME.exit_hooks:
+            _RUNTIME.exit_hooks.pop()()
         if _RUNTIME.lost is not None:
             _RUNTIME.lost.close()
         if _RUNTIME.control is not None:  # its last beat: where a failing worker got to
@@ -287,6 +297,19 @@ def _placement(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
     device = torch.device(placement.device)
     bind_thread(device)  # the main thread's GPU, as each protocol thread binds its own
     return placement.backend, device
+
+
+def _note_crashes(runtime: Runtime) -> None:
+    """Mark `runtime` crashed when the script dies of an uncaught exception (the interpreter
+    calls `sys.excepthook` before its exit hooks): its exit then leaves at once, while a script
+    that ended normally closes its part in the run first (`Runtime.exit_hooks`)."""
+    previous = sys.excepthook
+
+    def note(kind: type[BaseException], value: BaseException, tb: object) -> None:
+        runtime.crashed = True
+        previous(kind, value, tb)  # type: ignore[arg-type]
+
+    sys.excepthook = note
 
 
 def _install_failure_reporting(runtime: Runtime) -> None:
