@@ -292,8 +292,8 @@ class RunConfig(_RunOptions):
             for name in ("batch_size", "lr", "momentum", "target_loss"):
                 if values[name] is None:
                     values[name] = getattr(workload, name)
-        if self.max_time is None and self.max_iterations is None:
-            values["max_time"] = self.DEFAULT_MAX_TIME
+            if self.max_time is None and self.max_iterations is None:
+                values["max_time"] = self.DEFAULT_MAX_TIME
         values["label"] = self.label or self.protocol
         return RunConfig(**values)
 
