@@ -33,6 +33,7 @@ def test_batchnorm_statistics_move_and_stay_consistent(protocol, options, tmp_pa
                            out=tmp_path, max_iterations=40, eval_every=0.5, quiet=True,
                            device="cpu", **options))
     saved = [torch.load(tmp_path / f"bn_rank{r}.pt") for r in range(workers)]
+    assert all(s["prepared_is_model"] for s in saved)  # the script's own module, ddp's too
     local = torch.stack([s["local"] for s in saved])
     consensus = saved[0]["consensus"]
     assert torch.allclose(consensus, local.mean(0), atol=1e-6)  # the average of the workers'

@@ -2,7 +2,8 @@
 
 Trains a BatchNorm MLP on scikit-learn's digits with an evaluation function, then writes to
 OUT/bn_rank{r}.pt this worker's running statistics and the consensus model's, for the test to
-check that every protocol moves the statistics and keeps the workers' consistent.
+check that every protocol moves the statistics and keeps the workers' consistent, and whether
+prepare returned the script's own model.
 """
 
 import sys
@@ -28,6 +29,7 @@ def evaluate(m: nn.Module) -> dict[str, float]:
     return {"loss": float(nn.functional.cross_entropy(output, val_y)), "accuracy": float(accuracy)}
 
 
+users_model = model
 model, optimizer = hetsync.prepare(
     model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), evaluate=evaluate
 )
@@ -39,8 +41,7 @@ while not optimizer.should_stop:
     loss.backward()
     optimizer.step(loss=loss)
 optimizer.close()
-bn = dict(model.named_buffers()) if not hasattr(model, "module") else dict(
-    model.module.named_buffers())
+bn = dict(model.named_buffers())
 consensus = dict(optimizer.consensus_model().named_buffers())
-torch.save({"local": bn["1.running_mean"].clone(), "consensus": consensus["1.running_mean"]},
-           f"{out}/bn_rank{runtime.rank}.pt")
+torch.save({"local": bn["1.running_mean"].clone(), "consensus": consensus["1.running_mean"],
+            "prepared_is_model": model is users_model}, f"{out}/bn_rank{runtime.rank}.pt")
