@@ -25,11 +25,10 @@ if device.type == "cuda" and device.index is None:
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2)).to(device)
 model, optimizer = hetsync.prepare(model, torch.optim.SGD(model.parameters(), lr=lr))
-raw = getattr(model, "module", model)  # DDP wraps it
 if lr == 0:
     generator = torch.Generator().manual_seed(100 + runtime.rank)
     with torch.no_grad():
-        for p in raw.parameters():
+        for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=generator) * (1 + runtime.rank))
 
 
@@ -37,7 +36,7 @@ def flat(m: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).cpu() for p in m.parameters()])
 
 
-initial = flat(raw)
+initial = flat(model)
 data = torch.Generator().manual_seed(1000 + runtime.rank)
 while not optimizer.should_stop:
     x = (torch.randn(16, 4, generator=data) + 2.0 * runtime.rank).to(device)
@@ -48,10 +47,10 @@ while not optimizer.should_stop:
 optimizer.close()
 consensus = optimizer.consensus_model()
 torch.save({
-    "initial": initial, "final": flat(raw), "consensus": flat(consensus),
-    "running_mean": raw[1].running_mean.cpu(), "running_var": raw[1].running_var.cpu(),
+    "initial": initial, "final": flat(model), "consensus": flat(consensus),
+    "running_mean": model[1].running_mean.cpu(), "running_var": model[1].running_var.cpu(),
     "consensus_running_mean": consensus[1].running_mean.cpu(),
-    "device": str(next(raw.parameters()).device),
+    "device": str(next(model.parameters()).device),
     "cuda_initialized": torch.cuda.is_initialized(),  # a CPU model's run must not start CUDA
     "consensus_devices": sorted({str(t.device) for t in [*consensus.parameters(),
                                                           *consensus.buffers()]}),
