@@ -452,8 +452,8 @@ def prepare(
     evaluate: EvaluateFn | None = None,
     contiguous: bool = True,
 ) -> tuple[nn.Module, SyncOptimizer]:
-    """Return the module to call in the forward pass and the synchronising optimizer
-    (`contiguous`: as `SyncOptimizer`'s).
+    """Return the model, the script's own module under every protocol (DDP's wrapper stays
+    inside its driver), and the synchronising optimizer (`contiguous`: as `SyncOptimizer`'s).
 
     `evaluate(model)`, given on every rank, measures a model on held-out data (return the
     loss, `(loss, accuracy)` or `{"loss": ..., "accuracy": ...}`): rank 0 calls it on the
