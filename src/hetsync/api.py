@@ -20,16 +20,18 @@ hetsync's own workloads train through exactly this loop (hetsync/launch/worker.p
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 import time
-from collections.abc import Iterable, Iterator
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from hetsync.errors import LOOP_ENDED
+from hetsync.errors import LOOP_ENDED, ConfigError
 from hetsync.malloc_settings import touch_heap
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import (
@@ -42,7 +44,7 @@ from hetsync.metrics.summary import summarize, write_summary
 from hetsync.metrics.thread_cpu import ThreadCpu
 from hetsync.metrics.worker_log import IterationLog, Snapshotter
 from hetsync.network.emulator import model_bytes
-from hetsync.protocols.base import Protocol
+from hetsync.protocols.base import Closures, Protocol
 from hetsync.protocols.registry import get_protocol
 from hetsync.slowdown import join_cpu_quota, pacing
 from hetsync.step import Step
@@ -59,6 +61,10 @@ clock (hetsync.malloc_settings.touch_heap): gradients, optimizer state, and the 
 protocol packs and receives."""
 
 Batch = TypeVar("Batch")
+
+_PREPARED: weakref.WeakSet[object] = weakref.WeakSet()
+"""The models and optimizers a SyncOptimizer was built on: a second would synchronise the
+same model twice, each protocol waiting on steps the other takes."""
 
 
 class SyncOptimizer(torch.optim.Optimizer):
@@ -97,15 +103,25 @@ class SyncOptimizer(torch.optim.Optimizer):
             raise TypeError(
                 f"hetsync: the optimizer must be a torch.optim.Optimizer, not {optimizer!r}"
             )
+        _check_model(model)
+        if model in _PREPARED or optimizer in _PREPARED or isinstance(optimizer, SyncOptimizer):
+            which = "model" if model in _PREPARED else "optimizer"
+            raise RuntimeError(f"hetsync: prepare() was already called with this {which}: "
+                               f"call it once, and keep the optimizer it returns")
         self.runtime = runtime or current_runtime()
         config = self.runtime.config
+        protocol_class = get_protocol(protocol or config.protocol)
+        if needs_closure(optimizer) and protocol_class.closures is Closures.REFUSED:
+            raise _closure_refused(protocol_class, optimizer)
         if contiguous:  # every protocol then packs, averages and unpacks the model in one
             lay_out(model_tensors(model))  # operation, not one per tensor (transport.contiguous)
         if self.runtime.world_size > 1:  # every worker starts from rank 0's model
             broadcast_model(model, self.runtime.links.direct)
         self.optimizer = optimizer
-        protocol_class = get_protocol(protocol or config.protocol)
         self.protocol: Protocol = protocol_class(self.runtime, model, optimizer)
+        _PREPARED.update((model, optimizer))
+        self._stepping = False  # inside step(): the inner optimizer's own step is ours
+        optimizer.register_step_pre_hook(self._refuse_inner_step)
         self.model = model  # the user's own module, under every protocol
         self._raw_model = model
         self._slowdown = config.slowdown_spec()
@@ -186,8 +202,17 @@ class SyncOptimizer(torch.optim.Optimizer):
         """Ask to stop after the current iteration (agreed with the others where needed)."""
         self._stop_requested = True
 
-    def step(self, loss: torch.Tensor | float | None = None) -> Step:  # type: ignore[override]
-        """Synchronise and apply one optimizer step; returns this iteration's record."""
+    def step(self, closure: Callable[[], Any] | None = None, *,  # type: ignore[override]
+             loss: torch.Tensor | float | None = None) -> Any:
+        """Synchronise and apply one optimizer step; returns this iteration's record (a
+        `Step`), or, given torch's `closure`, what torch's step returns: the closure's first
+        loss, which is then the iteration's. The closure (LBFGS runs it several times a
+        step) runs as the protocol's `closures` says (hetsync.protocols.base.Closures)."""
+        if closure is not None and not callable(closure):
+            raise TypeError(f"hetsync: step() takes torch's closure (a callable), not "
+                            f"{type(closure).__name__}: pass the loss as step(loss=loss)")
+        if closure is not None and self.protocol.closures is Closures.REFUSED:
+            raise _closure_refused(type(self.protocol), self.optimizer)
         step = self._step
         if step is None:
             raise RuntimeError(
@@ -197,16 +222,17 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()  # the protocol missed a loss: it may wait for good
         self._step = None  # until it completes: close() does not end a step that failed
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-        if value is not None and not math.isfinite(value) and self._diverged is None:
-            # Every worker stops (through the store, as at the target): a diverged model has
-            # no figure left to give, and its NaNs would spread to the others' through the sync.
-            self._diverged = f"diverged at iteration {self._resumed_at + step.iteration}"
-            self.runtime.store.set(STOP_KEY, self._diverged)
+        value = _loss_value(loss)
+        self._check_finite(value, step)
         self._unscale()
-        self.protocol.before_optimizer_step(step)
-        if not step.skip_optimizer_step:
-            self.optimizer.step()
+        result: Any = step
+        if closure is None:
+            self.protocol.before_optimizer_step(step)
+            if not step.skip_optimizer_step:
+                self._inner_step()
+        else:
+            result = self._closure_step(step, closure)
+            value = _loss_value(result)
         self.protocol.after_optimizer_step(step)
         self.iteration = self._resumed_at + step.iteration
         self.should_stop = step.stop
@@ -214,7 +240,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         # No iteration begins after the last: a protocol that starts its exchange when an
         # iteration begins (D-PSGD, AD-PSGD) would start one that nobody finishes.
         self._step = None if step.stop else self._new_step()
-        return step
+        return result
 
     def iterate(self, loader: Iterable[Batch], epochs: int | None = None) -> Iterator[Batch]:
         """Batches of `loader`, epoch after epoch, until the run stops; then `close()`.
@@ -293,6 +319,92 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.close()
 
     # --- internals ------------------------------------------------------------------------------
+    def _check_finite(self, loss: float | None, step: Step) -> None:
+        """A NaN or infinite loss stops every worker (through the store, as at the target): a
+        diverged model has no figure left to give, and its NaNs would spread to the others'
+        through the sync."""
+        if loss is not None and not math.isfinite(loss) and self._diverged is None:
+            self._diverged = f"diverged at iteration {self._resumed_at + step.iteration}"
+            self.runtime.store.set(STOP_KEY, self._diverged)
+
+    def _inner_step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """The inner optimizer's step, which only this may take (`_refuse_inner_step`)."""
+        self._stepping = True
+        try:
+            return self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        finally:
+            self._stepping = False
+
+    def _refuse_inner_step(self, optimizer: torch.optim.Optimizer, args: Any,
+                           kwargs: Any) -> None:
+        """The optimizer given to prepare() stepped on its own (the script kept the old name):
+        its step would skip the protocol, and this worker's model would leave the others'."""
+        if not self._stepping and not self._closed:
+            raise RuntimeError(
+                f"hetsync: step() called on the {type(optimizer).__name__} given to "
+                f"hetsync.prepare(), which skips the synchronisation: step the optimizer it "
+                f"returned (model, optimizer = hetsync.prepare(model, optimizer))")
+
+    def _closure_step(self, step: Step, closure: Callable[[], Any]) -> Any:
+        """The inner `step(closure)` under the protocol (`Closures`): LOCAL, between its two
+        hooks; AVERAGED, each evaluation's gradients and loss averaged, the first through
+        `before_optimizer_step`. Returns the closure's first result, as torch's step does."""
+        averaged = self.protocol.closures is Closures.AVERAGED
+        first: list[Any] = []
+        evaluations = 0
+
+        def evaluate() -> Any:
+            nonlocal evaluations
+            result = closure()
+            evaluations += 1
+            if evaluations == 1:
+                first.append(result)
+                self._check_finite(_loss_value(result), step)
+            if not averaged:
+                return result
+            if evaluations == 1:
+                self.protocol.before_optimizer_step(step)
+            else:
+                self.protocol.closure_evaluated(step)
+            return self._average_loss(step, result, evaluations)
+
+        if not averaged:
+            self.protocol.before_optimizer_step(step)
+        after_sync, began = step.synced, time.perf_counter()
+        self._inner_step(evaluate)
+        if after_sync:  # the protocol synchronised first (D-PSGD, Hop): the closure is compute
+            step.compute_s += time.perf_counter() - began
+        if not first:
+            raise RuntimeError(f"hetsync: {type(self.optimizer).__name__}.step(closure) did "
+                               f"not call the closure, so the protocol had no gradients")
+        return first[0]
+
+    def _average_loss(self, step: Step, loss: Any, evaluation: int) -> Any:
+        """Every worker's mean `loss` at this evaluation, for the inner optimizer (LBFGS's
+        line search and tolerances compare losses: every worker must read the same). It rides
+        with the evaluation's number and its square, whose sums show that every worker is at
+        the same one: an optimizer whose arithmetic differed on some worker (another torch,
+        device kind or thread count) fails here in one line, rather than pairing collectives
+        from different evaluations or waiting for good."""
+        world = self.runtime.world_size
+        if world == 1:
+            return loss
+        link, value = self.runtime.links.direct, _loss_value(loss)
+        sums = torch.tensor([0.0 if value is None else value / world, evaluation,
+                             evaluation ** 2], dtype=torch.float64, device=link.device)
+        with step.blocking():
+            link.all_reduce(sums)
+        mean, count, squares = sums.tolist()
+        if count != world * evaluation or squares != world * evaluation ** 2:
+            raise RuntimeError(
+                f"hetsync: the workers' {type(self.optimizer).__name__} took different "
+                f"decisions: this worker is at evaluation {evaluation} of its closure in "
+                f"iteration {self._resumed_at + step.iteration}, another is not (their "
+                f"arithmetic differed: the same torch, device and threads on every worker)")
+        if isinstance(loss, torch.Tensor):
+            return loss.detach().new_tensor(mean)
+        return None if loss is None else mean
+
     def _new_step(self) -> Step:
         step = Step(
             iteration=self.iteration - self._resumed_at + 1,
@@ -442,6 +554,47 @@ class SyncOptimizer(torch.optim.Optimizer):
             self._control.beat(f"{self.iteration} {phase} {self.runtime.elapsed():.3f}{extra}")
             if self._closed:
                 self._control.flush()
+
+
+def needs_closure(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether the optimizer's step takes a closure it cannot do without (LBFGS's)."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):  # no signature to read: assume the optional one
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
+
+
+def _closure_refused(protocol: type[Protocol], optimizer: torch.optim.Optimizer) -> ConfigError:
+    name = type(optimizer).__name__
+    return ConfigError(
+        f"hetsync: {protocol.name} cannot run {name}.step(closure): its update is not this "
+        f"worker's optimizer step, so the closure's evaluations would have no part in it; "
+        f"for a closure use allreduce or ddp (each evaluation averaged) or a model-averaging "
+        f"protocol (dpsgd, adpsgd, hop, prague, localsgd: local steps)")
+
+
+def _check_model(model: nn.Module) -> None:
+    """A model hetsync can synchronise: real floating-point tensors, at least one parameter
+    (the links move those only: a complex tensor would be left out of every exchange)."""
+    for kind, named in (("parameter", model.named_parameters()),
+                        ("buffer", model.named_buffers())):
+        for name, tensor in named:
+            if tensor.is_complex():
+                raise TypeError(
+                    f"hetsync: the model's {kind} {name!r} is {tensor.dtype}, and hetsync "
+                    f"synchronises real floating-point tensors only: keep it as a real one "
+                    f"(torch.view_as_real) and view it as complex in forward()")
+    if not any(p.is_floating_point() for p in model.parameters()):
+        raise TypeError(f"hetsync: the model {type(model).__name__} has no floating-point "
+                        f"parameters, so there is nothing to train or synchronise")
+
+
+def _loss_value(loss: Any) -> float | None:
+    """A loss as the row logs it (a tensor's value, a number, or None)."""
+    if isinstance(loss, torch.Tensor):
+        return float(loss.detach())
+    return None if loss is None else float(loss)
 
 
 def prepare(

@@ -49,6 +49,11 @@ class Step:
     run's own limits may cut it; a long one is announced to the launcher)."""
     _synced: bool = False
 
+    @property
+    def synced(self) -> bool:
+        """Whether `begin_sync()` ran: the compute counted (`compute_s`) ends there."""
+        return self._synced
+
     def count_seconds(self, key: str, seconds: float) -> None:
         """Add `seconds` to the row's figure `key` in `extra` (an iteration may wait, or
         work, several times for one cause)."""

@@ -10,10 +10,14 @@ Gradient protocols (allreduce, ps) act before the optimizer step, model-averagin
 communicates: that is where the emulated compute time and the injected slowdown are slept, so a
 slow worker delays exactly the synchronisation it takes part in. Every blocking wait goes
 inside `with step.blocking():` so that it is counted as synchronisation time.
+
+`optimizer.step(closure)` (LBFGS evaluates its closure, a forward and a backward pass, several
+times a step) runs as the protocol's `closures` says (`Closures`).
 """
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -26,13 +30,31 @@ if TYPE_CHECKING:
     from hetsync.config import RunConfig
     from hetsync.transport.runtime import Runtime
 
-__all__ = ["Protocol", "Step"]
+__all__ = ["Closures", "Protocol", "Step"]
+
+
+class Closures(Enum):
+    """How a protocol runs `optimizer.step(closure)`, whose closure may run many times."""
+
+    REFUSED = "refused"
+    """The update is not the optimizer's own step (the parameter server's): `prepare` refuses
+    an optimizer that needs a closure, and `step` a closure."""
+    LOCAL = "local"
+    """Every evaluation is local, the whole inner step between `before_optimizer_step` and
+    `after_optimizer_step`: the model is exchanged once a step (the model-averaging ones)."""
+    AVERAGED = "averaged"
+    """`before_optimizer_step` after the first evaluation's backward pass, and
+    `closure_evaluated` after each later one's: every evaluation's gradients are averaged,
+    its loss too (by SyncOptimizer), so that every worker's optimizer, given the same
+    parameters, gradients and losses, takes the same decisions (lock-step gradient ones)."""
 
 
 class Protocol:
     """Base of all protocols; subclasses register with `@register_protocol(name)`."""
 
     name: ClassVar[str]
+    closures: ClassVar[Closures] = Closures.REFUSED
+    """How `optimizer.step(closure)` runs (`Closures`); refused unless a protocol says how."""
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -53,6 +75,12 @@ class Protocol:
 
     def before_optimizer_step(self, step: Step) -> None:
         """Called after backward(), before optimizer.step()."""
+
+    def closure_evaluated(self, step: Step) -> None:
+        """`Closures.AVERAGED`: the closure ran again within `step` (its backward pass is
+        done): average its gradients as `before_optimizer_step` did the first evaluation's
+        (the stop was agreed with those)."""
+        raise NotImplementedError(f"{self.name}: closures are {self.closures.value}")
 
     def after_optimizer_step(self, step: Step) -> None:
         """Called after optimizer.step(); model averaging happens here."""

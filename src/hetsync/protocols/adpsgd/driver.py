@@ -67,7 +67,7 @@ from hetsync.protocols.adpsgd.core import (
     dispatch,
 )
 from hetsync.protocols.adpsgd.wire import Header, frame
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
@@ -97,6 +97,7 @@ class _Pending:
 class ADPSGD(Protocol):
     """Asynchronous decentralized SGD with atomic pairwise averaging."""
 
+    closures = Closures.LOCAL  # a closure: the step from the average, under the model lock
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -35,7 +35,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
     dispatch,
 )
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.contiguous import span
 from hetsync.transport.flat import ring_allreduce_bytes
@@ -45,6 +45,8 @@ from hetsync.transport.runtime import Runtime
 @register_protocol("allreduce")
 class AllReduce(Protocol):
     """Synchronous data-parallel SGD with gradients averaged by one all-reduce per step."""
+
+    closures = Closures.AVERAGED  # a closure's later evaluations: `closure_evaluated`
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -70,7 +72,15 @@ class AllReduce(Protocol):
     def on_reduce(self, reduce: Reduce) -> None:
         """All-reduce the gradients, the buffers and the vote; the gradients are then the
         mean, and the core says whether to stop."""
-        step = self._step
+        self._reduced(self._all_reduce(self._step, reduce.divisor, reduce.vote))
+
+    def closure_evaluated(self, step: Step) -> None:
+        """A closure's later evaluation: its gradients and buffers averaged as the first's,
+        with the core's divisor; its vote is void (the stop was agreed with the first)."""
+        self._all_reduce(step, self.core.divisor, 0)
+
+    def _all_reduce(self, step: Step, divisor: int, vote: int) -> int:
+        """Average the gradients and buffers; returns the votes."""
         params = self._params()
         for p in params:
             if p.grad is None:
@@ -79,10 +89,9 @@ class AllReduce(Protocol):
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
         world = self.runtime.world_size
         if world == 1:  # alone, nothing to average: the real suites' solo reference
-            self._reduced(reduce.vote)
-            return
-        flat, held = self._gather(grads, buffers, reduce.vote)
-        flat[:-1].div_(reduce.divisor)
+            return vote
+        flat, held = self._gather(grads, buffers, vote)
+        flat[:-1].div_(divisor)
         with step.blocking():
             began = time.perf_counter()
             self.runtime.before_send()
@@ -94,7 +103,7 @@ class AllReduce(Protocol):
         with torch.no_grad():
             self._scatter(flat, params, grads, buffers, held)
         step.bytes_sent += ring_allreduce_bytes(flat, world)
-        self._reduced(round(float(flat[-1])))
+        return round(float(flat[-1]))
 
     def _params(self) -> list[nn.Parameter]:
         return [p for p in self.model.parameters() if p.requires_grad]

@@ -50,7 +50,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
     dispatch,
 )
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
@@ -59,6 +59,8 @@ from hetsync.transport.runtime import Runtime
 @register_protocol("ddp")
 class DDP(Protocol):
     """`torch.nn.parallel.DistributedDataParallel` with hetsync's measuring hook."""
+
+    closures = Closures.AVERAGED  # every backward pass reduces: nothing more to do
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
@@ -113,7 +115,10 @@ class DDP(Protocol):
         self.step = step
         for decision in self.core.handle(Reduced(iteration=step.iteration, votes=self._votes)):
             dispatch(decision, self)
-        self._reduce, self._votes = None, 0
+
+    def closure_evaluated(self, step: Step) -> None:
+        """Nothing to do: the backward pass reduced the gradients, with the step's `_reduce`
+        (kept until the next iteration begins: its vote is void, the stop agreed)."""
 
     # --- the core's decisions (`AllReduceDecisionHandler`), for `step` -----------------------
     def on_reduce(self, reduce: Reduce) -> None:
@@ -129,6 +134,7 @@ class DDP(Protocol):
 
     def begin_iteration(self, step: Step) -> None:
         self.step = step
+        self._reduce, self._votes = None, 0
 
     def _hook(self, state, bucket):  # noqa: ANN001, ANN202 - DDP rejects postponed annotations
         """DDP communication hook: `bucket` is a dist.GradBucket; returns a Future[Tensor]."""

@@ -23,7 +23,7 @@ from torch import nn
 
 from hetsync.network.model import Message
 from hetsync.network.patterns import fan_out
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.dpsgd.core import (
     Average,
     ComputeFinished,
@@ -58,6 +58,7 @@ class _Posted:
 class DPSGD(Protocol):
     """Synchronous decentralized SGD with neighbour model averaging."""
 
+    closures = Closures.LOCAL  # a closure: the step from the averaged x_k
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -44,7 +44,7 @@ from torch import nn
 
 from hetsync.network.model import Message
 from hetsync.network.patterns import point_to_point
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.hop.core import (
     Aggregate,
     ComputeFinished,
@@ -90,6 +90,8 @@ _Item = tuple[Event | BaseException, torch.Tensor | None]
 @register_protocol("hop")
 class Hop(Protocol):
     """Queue-based decentralized training with backup workers, staleness and skipping."""
+
+    closures = Closures.LOCAL  # a closure: the step from the aggregated model
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from hetsync.network.patterns import ring_allreduce
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.localsgd.core import (
     Average,
     Averaged,
@@ -41,6 +41,8 @@ from hetsync.transport.runtime import Runtime
 @register_protocol("localsgd")
 class LocalSGD(Protocol):
     """Local SGD with periodic model averaging; DiLoCo with `--outer-optimizer nesterov`."""
+
+    closures = Closures.LOCAL  # a closure: a local step, then the round
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hetsync.protocols.base import Protocol, Step
+from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
 from hetsync.protocols.prague.driver.random_groups import RandomGroups
@@ -45,6 +45,8 @@ from hetsync.transport.runtime import Runtime
 @register_protocol("prague")
 class Prague(Protocol):
     """Model averaging within groups: random groups from a Group Generator, or static ones."""
+
+    closures = Closures.LOCAL  # a closure: a local step, then the group average
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
