@@ -128,6 +128,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._step_time_s = config.step_time / 1000.0
         self.iteration = 0
         self._resumed_at = 0  # the iteration a resumed run went on from (Step counts from it)
+        self._base = 0  # the iteration --max-iterations counts the steps from: common to all
         self.should_stop = False
         self.stop_reason: str | None = None
         self._stop_requested = False
@@ -422,8 +423,11 @@ class SyncOptimizer(torch.optim.Optimizer):
             raise RuntimeError("hetsync: load_state_dict() with a run's state must come before "
                                "the first step()")
         # The protocol starts afresh, as a new run from these models would: its steps count
-        # from 1 again, so that workers resumed from different iterations agree on them.
+        # from 1 again, so that workers resumed from different iterations agree on them, and
+        # --max-iterations counts them from one base that all share (the launcher's: the
+        # earliest checkpoint's), so all go on for the same number (docs/failures.md).
         self.iteration = self._resumed_at = int(saved["iteration"])
+        self._base = int(saved.get("base", self.iteration))
         step.start, step.begin_s = time.perf_counter(), 0.0  # the load is not the compute
         self.runtime.t0 = time.time() - float(saved["elapsed"])
         if self._log is not None:
@@ -431,7 +435,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._snapshots is not None:
             self._snapshots.resume(float(saved["elapsed"]))
         self.protocol.load_state_dict(saved["protocol"])
-        self.protocol.go_on_from(self.iteration)
+        self.protocol.go_on_from(self._base)
         self._heartbeat("compute")
 
     def _begin_sync(self, step: Step) -> None:
@@ -450,7 +454,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         if pad + delay > 0:
             time.sleep(pad + delay)
         step.compute_s, step.injected_delay_s = compute + pad, delay
-        step.wants_stop = self._wants_stop(iteration)
+        step.wants_stop = self._wants_stop(self._base + step.iteration)
 
     def _emulated_wait(self, seconds: float) -> float:
         """An emulated network wait about to start (`Step.on_wait`): cut at the run's
@@ -501,14 +505,15 @@ class SyncOptimizer(torch.optim.Optimizer):
         # Pinned, rank 0's core is its own: its evaluation takes only what training leaves.
         return EvaluationThread(evaluator, poll=evaluate is not None, yield_cpu=rt.config.pin)
 
-    def _wants_stop(self, iteration: int) -> bool:
+    def _wants_stop(self, steps: int) -> bool:
+        """`steps`: the base and the protocol's steps since it (the iteration, unresumed)."""
         config = self.runtime.config
         reason = None
         if self._diverged is not None:
             reason = self._diverged
         elif self._stop_requested:
             reason = "script"
-        elif config.max_iterations is not None and iteration >= config.max_iterations:
+        elif config.max_iterations is not None and steps >= config.max_iterations:
             reason = "max_iterations"
         elif config.max_time is not None and self.runtime.elapsed() >= config.max_time:
             reason = "max_time"

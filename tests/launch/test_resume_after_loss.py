@@ -67,6 +67,7 @@ _RUN = dict(workload="svm", workers=4, step_time=10.0, hang_timeout=2.0, stop_at
     ("adpsgd", {}),
     pytest.param("hop", {"backup": 1}, marks=pytest.mark.slow),
     pytest.param("prague", {}, marks=pytest.mark.slow),
+    pytest.param("ps", {"ps_mode": "async"}, marks=pytest.mark.slow),  # no broadcast to rank 3
 ])
 def test_a_run_that_lost_a_worker_resumes_with_the_survivors(protocol, options, tmp_path):
     """Rank 3 is killed before its first checkpoint; the run goes on without it, and its

@@ -10,6 +10,13 @@ afresh from the loaded models, as a new run would from them); only state that th
 not carry is saved (`Protocol.state_dict()`: the parameter server's model and optimizer).
 Messages in flight at the failure are lost with the work done after each checkpoint.
 
+Every worker goes on for the same number of steps: `--max-iterations` K counts them from the
+earliest checkpoint's iteration, the `base` the launcher gives every worker (`ENV_RESUME_BASE`),
+so each runs K - base more and the one resumed from the earliest ends exactly at K, the others
+past it by how far their checkpoints were ahead. Counted from each worker's own checkpoint,
+the workers of a static Prague schedule left a group one member short (a deadlock) and the
+protocols that agree on the stop ended some workers short of K.
+
 On resume the launcher puts every worker on one run-time axis: each goes on at the latest
 checkpoint's time (so the rows' `t` increases on every worker and the workers' clocks agree,
 as the evaluator's snapshot sets and the emulated network need). Each worker keeps its rows
@@ -40,11 +47,13 @@ from hetsync.errors import ConfigError
 from hetsync.metrics.atomic import replacing, write_text
 from hetsync.protocols.catalog import essential_ranks
 
-__all__ = ["ENV_RESUME_AT", "Checkpointer", "Resume", "checkpoint_path", "lost_before",
-           "prepare_resume", "resume_config"]
+__all__ = ["ENV_RESUME_AT", "ENV_RESUME_BASE", "Checkpointer", "Resume", "checkpoint_path",
+           "lost_before", "prepare_resume", "resume_config"]
 
 #: Set by the launcher on a resumed run: the run time (s) at which every worker goes on.
 ENV_RESUME_AT = "HETSYNC_RESUME_AT"
+#: Set by the launcher on a resumed run: the iteration every worker's steps count from.
+ENV_RESUME_BASE = "HETSYNC_RESUME_BASE"
 #: Options a resumed run may change: how far it goes, its faults and its display.
 MAY_CHANGE = ("max_time", "max_iterations", "fault", "quiet")
 
@@ -114,6 +123,16 @@ class Resume:
 
     at_s: float
     iterations: list[int | None]
+
+    @property
+    def base(self) -> int:
+        """The earliest checkpoint's iteration, which `--max-iterations` counts every worker's
+        steps from: all go on for the same number, as lock-step protocols need."""
+        return min(i for i in self.iterations if i is not None)
+
+    def environment(self) -> dict[str, str]:
+        """What each worker of the resumed run is told of it."""
+        return {ENV_RESUME_AT: repr(self.at_s), ENV_RESUME_BASE: str(self.base)}
 
 
 def lost_before(run_dir: Path, config: RunConfig) -> list[dict[str, Any]]:

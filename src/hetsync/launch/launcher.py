@@ -32,7 +32,7 @@ from tqdm import tqdm
 from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
-from hetsync.launch.checkpoint import ENV_RESUME_AT, lost_before, prepare_resume
+from hetsync.launch.checkpoint import Resume, lost_before, prepare_resume
 from hetsync.launch.cpu_placement import CpuPlacement
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
@@ -153,7 +153,7 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
     if before:  # lost before this resume: spawned to form the group, lost from the start
         control.set(LOST_KEY, ",".join(str(r) for r in sorted(before)))
     resume = extra.get("resumed_from")
-    procs = _spawn(config, run_dir, store.port, resume[-1]["at_s"] if resume else None,
+    procs = _spawn(config, run_dir, store.port, Resume(**resume[-1]) if resume else None,
                    placement)
     output = OutputRelay(procs, run_dir / "logs")
     evaluation = (None if config.script else
@@ -341,7 +341,7 @@ def worker_environment(config: RunConfig, rank: int, run_dir: Path, port: int,
 
 
 def _spawn(
-    config: RunConfig, run_dir: Path, port: int, resume_at: float | None,
+    config: RunConfig, run_dir: Path, port: int, resume: Resume | None,
     placement: CpuPlacement,
 ) -> list[subprocess.Popen[bytes]]:
     command = (
@@ -352,8 +352,8 @@ def _spawn(
     procs = []
     for rank in range(config.workers):
         env = worker_environment(config, rank, run_dir, port, placement)
-        if resume_at is not None:
-            env[ENV_RESUME_AT] = repr(resume_at)
+        if resume is not None:
+            env.update(resume.environment())
         procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
         placement.place(rank, procs[-1].pid)  # before it gets to training

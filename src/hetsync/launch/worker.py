@@ -16,7 +16,12 @@ import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
 from hetsync.faults import FaultPlan, parse_faults
-from hetsync.launch.checkpoint import ENV_RESUME_AT, Checkpointer, checkpoint_path
+from hetsync.launch.checkpoint import (
+    ENV_RESUME_AT,
+    ENV_RESUME_BASE,
+    Checkpointer,
+    checkpoint_path,
+)
 from hetsync.malloc_settings import keep_freed_memory
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.summary import summarize, write_summary
@@ -98,8 +103,9 @@ def _lost_before_resume(runtime: Runtime) -> bool:
 
 
 def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:
-    """Load this worker's checkpoint; every worker goes on at the launcher's run time
-    (hetsync.launch.checkpoint). Returns the data position to go on from."""
+    """Load this worker's checkpoint; every worker goes on at the launcher's run time, its
+    steps counted from the launcher's common base (hetsync.launch.checkpoint). Returns the
+    data position to go on from."""
     runtime = opt.runtime
     assert runtime.run_dir is not None
     # On the host: the loads below move each tensor where it belongs (the optimizer keeps a
@@ -108,6 +114,7 @@ def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:
                        map_location="cpu")
     model.load_state_dict(saved["model"])
     saved["optimizer"]["hetsync"]["elapsed"] = float(os.environ[ENV_RESUME_AT])
+    saved["optimizer"]["hetsync"]["base"] = int(os.environ[ENV_RESUME_BASE])
     opt.load_state_dict(saved["optimizer"])
     torch.set_rng_state(saved["rng"].cpu())
     return saved["data"]["epoch"], saved["data"]["batch"]

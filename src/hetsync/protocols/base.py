@@ -93,8 +93,10 @@ class Protocol:
         to stop ends this worker's part here, so that `close()` leaves no peer waiting."""
 
     def go_on_from(self, iteration: int) -> None:
-        """A resumed run goes on after iteration `iteration`, while the protocol's steps count
-        from 1 again: stop logic that foresees `--max-iterations` counts the steps left."""
+        """A resumed run goes on, the protocol's steps counting from 1 again, and
+        `--max-iterations` K counting them from `iteration`, the same on every worker (a
+        launched resume's earliest checkpoint): stop logic that foresees K counts K -
+        `iteration` steps left, as every worker does."""
 
     def state_dict(self) -> dict[str, Any]:
         """What this worker's side of the protocol must keep across a checkpoint and resume:

@@ -80,7 +80,8 @@ class DPSGD(Protocol):
         return DPSGDCore.of_run(self.topology, self.runtime.rank, max_iterations)
 
     def go_on_from(self, iteration: int) -> None:
-        """Steps count from 1 again: `--max-iterations` is K - iteration of them (at least one;
+        """Steps count from 1 again: `--max-iterations` is K - iteration of them, `iteration`
+        being every worker's common base, so the flooded limit is one for all (at least one;
         the first step's stop conditions then hold). Before the first exchange is posted."""
         left = self.runtime.config.max_iterations
         if left is not None:

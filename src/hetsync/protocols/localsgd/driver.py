@@ -67,8 +67,9 @@ class LocalSGD(Protocol):
                               self.runtime.config.local_steps, max_iterations)
 
     def go_on_from(self, iteration: int) -> None:
-        """Steps count from 1 again: `--max-iterations` is K - iteration of them (at least
-        one). The rounds start afresh from the loaded models."""
+        """Steps count from 1 again: `--max-iterations` is K - iteration of them, `iteration`
+        being every worker's common base, so every worker's last round is the same one (at
+        least one step). The rounds start afresh from the loaded models."""
         left = self.runtime.config.max_iterations
         if left is not None:
             self.core = self._new_core(max(1, left - iteration))

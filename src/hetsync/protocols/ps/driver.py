@@ -113,7 +113,7 @@ from hetsync.transport.lost_workers import LostWorkers, unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
-PUSH_TAG, PULL_TAG = 21, 22
+PUSH_TAG, PULL_TAG, RESUME_TAG = 21, 22, 23
 
 
 def _hyper(group: dict[str, Any]) -> dict[str, Any]:
@@ -538,16 +538,23 @@ class ParameterServer(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the server takes rank 0's saved state, then every worker starts from the
-        server's model, as at a reply (a broadcast: every rank resumes). Each worker's own
-        checkpoint may be versions older, and its first gradient, computed there, would be
-        applied as a fresh one: versions restart at 0 on both sides."""
+        server's model, as at a reply. Each worker's own checkpoint may be versions older, and
+        its first gradient, computed there, would be applied as a fresh one: versions restart
+        at 0 on both sides. Sent to each survivor, not broadcast: the ranks lost before the
+        resume have left (hetsync.launch.worker), and a collective would wait for them."""
         if self.server is not None and "server" in state:
             self.server.load_state_dict(state["server"])
         size = sum(p.numel() for p in self.params)
         model = (self.server.model() if self.server is not None
                  else self.link.zeros(size + self.loaded.numel(), self.dtype))
-        if self.runtime.world_size > 1:
-            self.link.broadcast(model, 0)
+        if self.server is not None:
+            lost = self.runtime.lost.refresh() if self.runtime.lost is not None else frozenset()
+            for rank in range(1, self.runtime.world_size):
+                if rank not in lost:
+                    unless_lost(self.runtime.lost, rank,
+                                partial(self.link.send, model, rank, tag=RESUME_TAG))
+        else:
+            self.link.recv(model, 0, tag=RESUME_TAG)
         with torch.no_grad():
             self.link.unpack_into(model[:size], self.params)
             self.link.unpack_into(model[size:], self.buffers)

@@ -48,7 +48,10 @@ class StaticMode:
 
     def go_on_from(self, iteration: int) -> None:
         """The schedule's steps count from 1 again: `--max-iterations` is K - iteration of
-        them (at least one; the first step's stop conditions then hold)."""
+        them, `iteration` being every worker's common base, so all stop after the same step
+        of the schedule (counted from each worker's own checkpoint, a worker went on into a
+        group whose other members had stopped: a deadlock). At least one step; the first
+        step's stop conditions then hold."""
         left = self.runtime.config.max_iterations
         if left is not None:
             self.stopping = StaticStop(self.stopping.lead, max(1, left - iteration))
