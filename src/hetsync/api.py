@@ -544,7 +544,8 @@ class SyncOptimizer(torch.optim.Optimizer):
                 row["cpu_s"] = cpu
             self._log.append(row)
         if self._snapshots is not None and self._periodic_snapshots:
-            self._snapshots.maybe_snapshot(self._raw_model, elapsed, self.iteration)
+            self._snapshots.maybe_snapshot(self._raw_model, elapsed, self.iteration,
+                                           hold=self.protocol.model_lock)
         self._heartbeat("compute")
 
     def _heartbeat(self, phase: str, extra: str = "") -> None:

@@ -82,10 +82,12 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
 def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int]) -> dict[str, Any]:
     """What `_resume` needs to go on from this iteration boundary."""
     optimizer = opt.state_dict()
+    with opt.protocol.model_lock():  # a copy no other thread writes into meanwhile (AD-PSGD)
+        state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
     return {
         "iteration": opt.iteration,
         "t": optimizer["hetsync"]["elapsed"],
-        "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+        "model": state,
         "optimizer": optimizer,
         "data": {"epoch": position[0], "batch": position[1]},
         "rng": torch.get_rng_state(),

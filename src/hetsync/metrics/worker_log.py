@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import IO
 
@@ -110,12 +111,15 @@ class Snapshotter:
         0.15-0.45 s of a quarter-core worker's first seconds; metrics.direct_file)."""
         self._image = DirectFile(_image_size(model.state_dict()))
 
-    def maybe_snapshot(self, model: nn.Module, elapsed: float, iteration: int) -> None:
+    def maybe_snapshot(self, model: nn.Module, elapsed: float, iteration: int,
+                       hold: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
+        """Snapshot the model if one is due; `hold()` is held while it is read (the protocol's
+        `model_lock`: no other thread writes into it meanwhile)."""
         due = int(elapsed // self.every)
         if due < self._next_index:
             return
         self._write(model, self._next_index, iteration, elapsed,
-                    also=range(self._next_index + 1, due + 1))
+                    also=range(self._next_index + 1, due + 1), hold=hold)
         self._next_index = due + 1
 
     def resume(self, elapsed: float) -> None:
@@ -127,23 +131,27 @@ class Snapshotter:
         self._write(model, "final", iteration, elapsed)
 
     def _write(self, model: nn.Module, index: int | str, iteration: int, elapsed: float,
-               also: range = range(0)) -> None:
+               also: range = range(0),
+               hold: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         """Snapshot `index`, and the indexes `also` as hard links of it, made before `index`
         appears: the evaluator may take a complete set, and drop it, as soon as it does."""
         target = snapshot_path(self.run_dir, index, self.rank)
         target.parent.mkdir(parents=True, exist_ok=True)
         # No copy on the CPU: torch.save writes the tensors as they are (a clone of a 45 MB
-        # model was as many page faults and a pass more, each snapshot, on the training thread).
-        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        if self._image is None:
-            self._image = DirectFile(_image_size(state))
-        self._image.rewind()
-        # No zip checksum either: a snapshot is written once, whole (`replacing`), and read
-        # back within the run; the CRC was 10 of 23 ms of CPU a 45 MB snapshot, on the
-        # training thread every few seconds (four times that on a worker at a quarter core).
-        # The setting is patched for this thread only.
-        with serialization_config.patch({"save.compute_crc32": False}):
-            torch.save({"iteration": iteration, "t": elapsed, "state": state}, self._image)
+        # model was as many page faults and a pass more, each snapshot, on the training thread),
+        # into the image in memory, under `hold`: no other thread writes the model until the
+        # image is whole (10-25 ms at 45 MB, as long as a flat copy; the file is written after).
+        with hold():
+            state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+            if self._image is None:
+                self._image = DirectFile(_image_size(state))
+            self._image.rewind()
+            # No zip checksum either: a snapshot is written once, whole (`replacing`), and
+            # read back within the run; the CRC was 10 of 23 ms of CPU a 45 MB snapshot, on
+            # the training thread every few seconds (four times that on a worker at a quarter
+            # core). The setting is patched for this thread only.
+            with serialization_config.patch({"save.compute_crc32": False}):
+                torch.save({"iteration": iteration, "t": elapsed, "state": state}, self._image)
         with replacing(target) as partial:
             self._image.save(partial)  # a large one past the page cache (direct_file)
             for other in also:

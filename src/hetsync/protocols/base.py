@@ -17,6 +17,7 @@ times a step) runs as the protocol's `closures` says (`Closures`).
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -86,6 +87,13 @@ class Protocol:
         """Called after optimizer.step(); model averaging happens here."""
         step.begin_sync()
         step.stop = step.wants_stop
+
+    def model_lock(self) -> AbstractContextManager[None]:
+        """Held while the training thread reads the model whole (a snapshot, a checkpoint): a
+        protocol whose own threads write into the model (AD-PSGD's serving) holds them off
+        meanwhile. The others write it on the training thread, or while that thread waits
+        for them (Prague's overlapped merge): nothing to hold."""
+        return nullcontext()
 
     def loop_ended(self, step: Step) -> None:
         """The script's loop ended before the run stopped (its epochs ran out): `step` was

@@ -87,6 +87,26 @@ def test_passive_serves_one_request_at_a_time_in_arrival_order_and_not_during_it
     assert core.handle(ByeReceived(src=5)) == [ServerDone()]
 
 
+def test_the_model_is_at_rest_except_while_a_served_average_is_written():
+    """What a snapshot or checkpoint waits for: only a serve writes the model off the
+    training thread (its own step and a naive worker's request in flight do not)."""
+    passive, naive = _core(2, [1, 3]), _core(0, [1], naive=True)
+    assert passive.model_at_rest
+    passive.handle(RequestReceived(src=1))
+    assert not passive.model_at_rest
+    passive.handle(IterationStarted(iteration=1))
+    passive.handle(ComputeFinished(iteration=1))
+    passive.handle(RequestReceived(src=3))
+    passive.handle(Served(src=1))  # the trainer's step first, then the queued serve
+    assert passive.holder is Holder.STEP and passive.model_at_rest
+    passive.handle(StepFinished(iteration=1, wants_stop=False))
+    assert passive.serving == 3 and not passive.model_at_rest
+    passive.handle(Served(src=3))
+    assert passive.model_at_rest
+    naive.handle(IterationStarted(iteration=1))
+    assert naive.holder is Holder.REQUEST and naive.model_at_rest
+
+
 def test_naive_workers_that_pick_each_other_wait_forever_and_it_shows():
     a, b = _core(0, [1], naive=True), _core(1, [0], naive=True)
     [to_b] = a.handle(IterationStarted(iteration=1))

@@ -300,6 +300,14 @@ class ADPSGDCore(Core[Event, Decision]):
                    rng=random.Random(f"adpsgd/{seed}/{rank}"), max_gap=max_gap)
 
     @property
+    def model_at_rest(self) -> bool:
+        """Whether no served average is being written into the model. Every other write to it
+        (the optimizer step, a loaded average) runs on the training thread, so while this
+        holds under the driver's lock, that thread may read the model whole (a snapshot, a
+        checkpoint): no `Serve` is granted until it lets the lock go."""
+        return self.holder is not Holder.SERVE
+
+    @property
     def queued(self) -> tuple[int, ...]:
         """Clients whose requests wait to be served, oldest first."""
         return tuple(self._queue)

@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -137,6 +138,16 @@ class ADPSGD(Protocol):
             self._server.start()
         if runtime.lost is not None:
             runtime.lost.subscribe(self._on_lost)
+
+    @contextmanager
+    def model_lock(self) -> Iterator[None]:
+        """Hold off the serving thread's averages while the training thread reads the model
+        whole: once no served average is being written (`ADPSGDCore.model_at_rest`), keep the
+        core's condition, so that no next `Serve` is granted until the copy is done. A
+        snapshot or checkpoint taken meanwhile mixed the model before and after an average."""
+        with self.cond:
+            self._wait(lambda: self.core.model_at_rest)
+            yield
 
     def _on_lost(self, rank: int) -> None:
         """The launcher declared `rank` lost (a watcher thread calls this)."""
