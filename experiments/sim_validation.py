@@ -32,9 +32,9 @@ from typing import Any
 from sim_calibration import from_runs
 
 from hetsync import cli
-from hetsync.bench.suites import EVERY_PROTOCOL, HETEROGENEITY, NETWORKS
+from hetsync.bench.suites import HETEROGENEITY, NETWORKS
 from hetsync.errors import ConfigError
-from hetsync.protocols.catalog import SIMULATED
+from hetsync.protocols.catalog import SIMULATED, all_variants
 
 COMMAND = "python experiments/sim_validation.py"
 THROUGHPUT_TOLERANCE, TARGET_TOLERANCE = 0.15, 0.25
@@ -45,9 +45,10 @@ SETTINGS = {"homogeneous": HETEROGENEITY["homogeneous"],
 #: name -> (--network, --payload): loopback as it is, or the regime suites' paper-scale cell.
 NETWORK_SETTINGS = {"free": ("none", "none"), "paper": (NETWORKS["10Gbit"], "100MB")}
 #: The variants compared: every family's default and its best-known option set.
-VARIANTS = ("allreduce", "ddp", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop", "hop-skip",
-            "prague", "prague-paper")
-_BY_LABEL = {v.label: v for v in EVERY_PROTOCOL}
+#: hop-auto is `--protocol hop` with no options.
+VARIANTS = ("allreduce", "ddp", "ps-sync", "ps-async", "dpsgd", "adpsgd", "hop", "hop-auto",
+            "hop-skip", "prague", "prague-paper")
+_BY_LABEL = {v.label: v for v in all_variants()}
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,12 @@ class Case:
                  SETTINGS[self.setting], "--network", network, "--payload", payload,
                  "--target-loss", f"{args.target_loss:g}", "--no-stop-at-target",
                  "--seed", str(args.seed), "--label", self.name]
-        for key, value in _BY_LABEL[self.variant].options.items():
-            flag = "--" + key.replace("_", "-")
-            flags += [flag] if value is True else [flag, str(value)]
-        return flags
+        return flags + cli.train_flags(_BY_LABEL[self.variant].run_options)
 
 
 def simulated_variants() -> list[str]:
     """The variants whose protocol has a simulation."""
-    return [v for v in VARIANTS if _BY_LABEL[v].options["protocol"] in SIMULATED]
+    return [v for v in VARIANTS if _BY_LABEL[v].protocol in SIMULATED]
 
 
 def _summary(run_dir: Path, case: Case, args: argparse.Namespace) -> dict[str, Any] | None:

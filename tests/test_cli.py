@@ -184,7 +184,7 @@ def test_help_defaults_are_run_configs(command, capsys, monkeypatch):
                 flag = "--no-" + flag[2:]
             shown = ("on" if value else "off") if isinstance(value, bool) else value
             assert f"(default: {shown})" in options[flag], options[flag]
-    assert "(default: 8)" in options["--max-gap"] and "(default: 4)" in options["--workers"]
+    assert "(default: 8, or" in options["--max-gap"] and "(default: 4)" in options["--workers"]
 
 
 # docs/configuration.md: the TOML keys, generated from RunConfig so that the doc cannot drift.

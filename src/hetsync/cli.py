@@ -156,7 +156,8 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
     --config can fill them.
 
     Their help shows RunConfig's defaults (the flags' own are SUPPRESS, to tell given from
-    not given); a bool field defaulting to on gets a --no-NAME flag.
+    not given); a bool field defaulting to on gets a --no-NAME flag, one left unset (None)
+    both.
     """
     parser.add_argument("--config", type=_path, help="TOML file with the same options (see "
                         "docs/configuration.md; flags given here win) (default: none)")
@@ -171,6 +172,9 @@ def _add_run_options(parser: argparse.ArgumentParser, script: bool) -> None:
                                 help=f"{meaning(f)}: this flag turns it off (default: on)")
         elif str(f.type) == "bool":
             parser.add_argument(flag, dest=f.name, action="store_true",
+                                default=argparse.SUPPRESS, help=help_text)
+        elif str(f.type) == "bool | None":  # unset: resolved per run (Hop's --skip)
+            parser.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, type=_flag_type(f),

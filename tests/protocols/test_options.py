@@ -70,7 +70,7 @@ def test_the_config_holds_the_chosen_protocols_options_only():
     with pytest.raises(ConfigError, match=r"^--group-size applies to --protocol prague \(this "
                        r"run's protocol is hop\)$"):
         RunConfig(protocol="hop", group_size=2)
-    assert dataclasses.replace(config, backup=1).backup == 1 and config.backup == 0
+    assert dataclasses.replace(config, backup=1).backup == 1 and config.backup is None  # unset
 
 
 def test_the_flags_are_every_protocols_options_once():

@@ -119,7 +119,8 @@ _frozen = {"frozen": True, "slots": True, "kw_only": True}
 
 @dataclass(**_frozen)
 class HopConfig:
-    """Hop's options; see the module doc."""
+    """Hop's options (see the module doc); the defaults are the paper's. A run's options left
+    unset are resolved from its graph (`hetsync.protocols.hop.options.Options.for_graph`)."""
 
     max_gap: int = 8
     backup: int = 0

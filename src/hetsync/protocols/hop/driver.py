@@ -99,7 +99,7 @@ class Hop(Protocol):
         super().__init__(runtime, model, optimizer)
         config, rank = runtime.config, runtime.rank
         topology = build(config.topology, runtime.world_size, config.weights)
-        self.core = HopCore.of_run(topology, rank, config.hop_config())
+        self.core = HopCore.of_run(topology, rank, config.hop_config(topology))
         in_peers, out_peers = self.core.in_peers, self.core.out_peers
         self.tensors = model_tensors(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory

@@ -145,7 +145,7 @@ def _describe(wait: Wait) -> str:
 def build_workers(sim: Simulation) -> list[SimWorker]:
     config = sim.config
     topology = build(config.topology, config.workers, config.weights)
-    hop = config.hop_config()
+    hop = config.hop_config(topology)
     workers = [HopWorker(sim, rank, HopCore.of_run(topology, rank, hop))
                for rank in range(config.workers)]
     for worker in workers:
