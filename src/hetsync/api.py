@@ -22,6 +22,8 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import os
+import sys
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -31,7 +33,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from hetsync.errors import LOOP_ENDED, ConfigError
+from hetsync.errors import LOOP_ENDED, ConfigError, RunStopped
 from hetsync.malloc_settings import touch_heap
 from hetsync.metrics.evaluator import Evaluator
 from hetsync.metrics.script_evaluation import (
@@ -152,6 +154,7 @@ class SyncOptimizer(torch.optim.Optimizer):
         join_cpu_quota()  # a `cpu:` straggler's quota acts on its training, not its start-up
         self._step: Step | None = self._new_step()
         self._heartbeat("compute")
+        self.runtime.exit_hooks.append(self._close_at_exit)  # a script that never closes it
 
     # --- the inner optimizer's surface ------------------------------------------------------
     @property  # type: ignore[override]
@@ -216,10 +219,9 @@ class SyncOptimizer(torch.optim.Optimizer):
             raise _closure_refused(type(self.protocol), self.optimizer)
         step = self._step
         if step is None:
-            raise RuntimeError(
-                "hetsync: step() after the run stopped; end the loop when "
-                "optimizer.should_stop is set (optimizer.iterate() does)"
-            )
+            if self.stop_reason is not None or self._closed:
+                self._end_script()
+            raise RuntimeError("hetsync: step() after a step() that failed")
         if self.runtime.lost is not None:
             self.runtime.lost.raise_error()  # the protocol missed a loss: it may wait for good
         self._step = None  # until it completes: close() does not end a step that failed
@@ -269,6 +271,8 @@ class SyncOptimizer(torch.optim.Optimizer):
         if self._closed:
             return
         self._closed = True
+        if self._close_at_exit in self.runtime.exit_hooks:
+            self.runtime.exit_hooks.remove(self._close_at_exit)
         if self._log is not None:
             self._log.close()
         self._heartbeat("closing")  # a protocol may wait here for its neighbours to stop
@@ -320,6 +324,34 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.close()
 
     # --- internals ------------------------------------------------------------------------------
+    def _end_script(self) -> None:
+        """`step()` after the run stopped: a plain loop that never reads `should_stop` ends
+        its script here (`RunStopped`: exit status 0, no traceback), and the exit closes the
+        run (`_close_at_exit`). Said once, by rank 0, so that a user knows why the code after
+        the loop did not run."""
+        reason = self.stop_reason or "closed"
+        if self.runtime.rank == 0 and not self.runtime.config.quiet:
+            print(f"hetsync: the run stopped ({reason}) after iteration {self.iteration}; the "
+                  f"script called step() again, so it ends here (to run code after the loop, "
+                  f"end it when optimizer.should_stop is set, as optimizer.iterate() does)",
+                  file=sys.stderr, flush=True)
+        raise RunStopped(reason)
+
+    def _close_at_exit(self) -> None:
+        """The script ended (its loop ran out, or `RunStopped`) without `close()`: close now,
+        before the process group goes, as the commonest PyTorch script never calls anything
+        at its end. A script that died of an exception leaves at once instead (its peers may
+        wait for it in a step: the launcher names the failure). A failure while closing is
+        reported as an uncaught one would be, and the process exits 1."""
+        if self.runtime.crashed:
+            return
+        try:
+            self.close()
+        except BaseException:  # noqa: BLE001 - at exit: report it and fail, as uncaught
+            sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+            sys.stderr.flush()
+            os._exit(1)
+
     def _check_finite(self, loss: float | None, step: Step) -> None:
         """A NaN or infinite loss stops every worker (through the store, as at the target): a
         diverged model has no figure left to give, and its NaNs would spread to the others'
