@@ -173,13 +173,21 @@ class RunConfig(_RunOptions):
                              f"{self.__dict__.get('protocol')!r} has no option {name!r}")
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """A protocol option set on the config lands in `protocol_options`: one place each."""
-        options = self.__dict__.get("protocol_options")
-        if name not in _RUN_FIELDS and name != "protocol_options" and options is not None \
-                and any(f.name == name for f in dataclasses.fields(options)):
-            setattr(options, name, value)
-        else:
+        """A protocol option set on the config lands in `protocol_options`: one place each.
+        Any other name is refused, as the constructor refuses it: kept as a plain attribute
+        it would read back, but neither `to_dict` nor config.json would carry it to the
+        workers."""
+        if name in _RUN_FIELDS or name == "protocol_options":
             object.__setattr__(self, name, value)
+            return
+        options = self.__dict__.get("protocol_options")
+        if options is not None and any(f.name == name for f in dataclasses.fields(options)):
+            setattr(options, name, value)
+            return
+        owners = option_owners()
+        if name in owners:
+            raise ConfigError(_not_its_own(name, self.protocol, owners))
+        raise AttributeError(f"{type(self).__name__} has no option {name!r}")
 
     def options_of(self, cls: type[_T]) -> _T:
         """The protocol's options as its own `Options` class; TypeError where the run's
