@@ -53,6 +53,7 @@ def test_lbfgs_alone_steps_as_torchs_and_returns_the_closures_first_loss(protoco
     lbfgs = torch.optim.LBFGS(plain.parameters(), **settings)
     model, sync = hetsync.prepare(synced, torch.optim.LBFGS(synced.parameters(), **settings),
                                   protocol)
+    assert model is synced  # the script's own module under every protocol, ddp's too
     for _ in range(2):
         theirs, ours = [], []
         lbfgs.step(_closure(plain, lbfgs, theirs))
@@ -85,6 +86,7 @@ def test_the_parameter_server_refuses_a_closure_in_one_line():
     with pytest.raises(hetsync.ConfigError, match=r"ps cannot run LBFGS\.step\(closure\)"):
         hetsync.prepare(net, torch.optim.LBFGS(net.parameters()), "ps")
     model, sync = hetsync.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1), "ps")
+    assert model is net
     with pytest.raises(hetsync.ConfigError, match=r"ps cannot run SGD\.step\(closure\)"):
         sync.step(_closure(model, sync, []))
     sync.close()
