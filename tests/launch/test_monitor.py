@@ -1,6 +1,7 @@
 """The launcher's hang rules on real processes and a real store, with the workers' heartbeats
-written by the test: a worker that announced a long emulated compute is not hung, and peers
-waiting for a worker that still makes progress are not deadlocked."""
+written by the test: a worker that announced a long emulated compute is not hung, nor is one
+busy in its own code (the kernel sees its training thread on a core), and peers waiting for
+a worker that still makes progress are not deadlocked."""
 
 from __future__ import annotations
 
@@ -15,10 +16,17 @@ import torch.distributed as dist
 
 from hetsync.errors import WorkerFailed
 from hetsync.launch import monitor as monitor_module
+from hetsync.launch.activity import Activity
 from hetsync.launch.monitor import Monitor, _process_state
 
 _IDLE = [sys.executable, "-c",
          "import signal, time; signal.signal(signal.SIGUSR1, signal.SIG_IGN); time.sleep(60)"]
+_SPIN = "while True: pass"
+_SLEEP = "import time; time.sleep(60)"
+_ONLY_A_THREAD_SPINS = ("import threading, time\n"
+                        f"threading.Thread(target=exec, args=({_SPIN!r},), daemon=True).start()\n"
+                        "time.sleep(60)")
+_A_CHILD_SPINS = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {_SPIN!r}])"
 
 
 @pytest.fixture
@@ -112,3 +120,71 @@ def test_workers_that_called_init_but_never_joined_fail_at_the_join_limit(monito
                        r"join the run within 0.5 s of its start \(the process group did not "
                        r"form\); nor did ranks 1, 2$"):
         monitor.check()
+
+
+@pytest.fixture
+def spawn():
+    """Start `python -c CODE` in a session of its own (killed with its children after)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(code: str) -> subprocess.Popen[bytes]:
+        procs.append(subprocess.Popen([sys.executable, "-c", code], start_new_session=True))
+        time.sleep(0.5)  # past its start-up: its own import's CPU is not what is tested
+        return procs[-1]
+
+    yield start
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _busy(pid: int, window: float = 0.5) -> bool:
+    """Sample `pid` over one window, as the monitor does while its heartbeat is quiet."""
+    activity = Activity(pid, window)
+    began = time.monotonic()
+    while time.monotonic() - began < window:
+        activity.sample(time.monotonic())
+        time.sleep(0.05)
+    activity.sample(time.monotonic())
+    return activity.busy(time.monotonic())
+
+
+@pytest.mark.parametrize(("code", "busy"), [
+    (_SPIN, True),  # its script computes between two steps
+    (_A_CHILD_SPINS, True),  # it waits for a child that computes (a DataLoader's worker)
+    (_SLEEP, False),  # asleep, as a deadlocked or blocked training thread is
+    (_ONLY_A_THREAD_SPINS, False),  # a protocol thread spins, the training thread sleeps
+], ids=["computing", "a child computing", "sleeping", "only another thread computing"])
+def test_busy_is_the_training_thread_or_a_child_on_a_core(spawn, code, busy):
+    assert _busy(spawn(code).pid) is busy
+
+
+def test_a_stopped_worker_is_not_busy_and_busy_again_once_continued(spawn):
+    pid = spawn(_SPIN).pid
+    _signal(pid, signal.SIGSTOP)
+    assert not _busy(pid)
+    _signal(pid, signal.SIGCONT)
+    assert _busy(pid)
+
+
+def test_a_worker_busy_in_its_own_code_is_not_hung_until_it_stops(tmp_path, spawn):
+    """Rank 0 computes between two steps (its heartbeat `compute`, quiet) for four times
+    --hang-timeout while rank 1 waits for it: no failure. Stopped, it is named within
+    --hang-timeout of its last busy window."""
+    procs = [spawn(_SPIN), spawn(_SLEEP)]
+    monitor = Monitor(procs=procs, store=dist.HashStore(), log_dir=tmp_path, hang_timeout=0.5)
+    _beat(monitor, {0: "3 compute 1.0", 1: "3 sync 1.0"})
+    quiet = time.monotonic()
+    while time.monotonic() - quiet < 2.0:
+        assert monitor.check() is False
+        time.sleep(0.05)
+    _signal(procs[0].pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    with pytest.raises(WorkerFailed, match="worker rank 0 was stopped"):
+        while time.monotonic() - stopped < 5.0:
+            monitor.check()
+            time.sleep(0.05)
+    assert time.monotonic() - stopped < 0.5 + monitor_module.ACTIVITY_WINDOW_S

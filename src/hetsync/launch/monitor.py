@@ -1,7 +1,11 @@
 """Watching spawned workers: start-up, exits, crashes, hangs and progress.
 
 A worker that exits non-zero, is killed, or makes no progress for `hang_timeout` seconds ends
-the run with `WorkerFailed`, naming its rank and showing its traceback (from
+the run with `WorkerFailed`. Progress is a new heartbeat or, for a worker in its script's own
+code between two steps (evaluating, checkpointing, loading data: its phase `compute`), a
+training thread that the kernel sees busy (`hetsync.launch.activity`): such a worker is never
+hung for being quiet, a stopped, sleeping or blocked one is. The failure names its rank and
+shows its traceback (from
 `logs/rank{r}.log`), its stack (dumped on SIGUSR1 into `logs/rank{r}.stack`), or its last
 output (`logs/rank{r}.out`) when it failed before `hetsync.init()` installed those hooks.
 When several workers fail together, the one that failed first and for its own reason is
@@ -36,6 +40,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hetsync.errors import LOOP_ENDED, WorkerFailed, is_follow_on
+from hetsync.launch.activity import Activity
 from hetsync.launch.output import TAIL_LINES, OutputRelay
 from hetsync.transport.lost_workers import LOST_KEY
 from hetsync.transport.runtime import JOINED_KEY, JOINING_KEY
@@ -49,9 +54,12 @@ JOIN_LIMIT_S = 60.0
 #: How long a worker may take from joining to its first heartbeat (load its data, build its
 #: model and its SyncOptimizer), while the peers that built theirs wait for it.
 SETUP_LIMIT_S = 60.0
-# Both stay under the process group's own timeout (PG_TIMEOUT, 120 s), after which a worker
-# waiting for a late peer gives up with a traceback of its own; a longer --hang-timeout
-# lengthens both (`Monitor.start_limits`).
+# A longer --hang-timeout lengthens both (`Monitor.start_limits`). Both stay far under the
+# process group's own timeout, which under this launcher outlasts any run
+# (`hetsync.transport.runtime.pg_timeout`): the monitor, not gloo, tells a late peer.
+#: How far back the CPU of a quiet worker counts (`Activity`): a worker that stops being busy
+#: is hung --hang-timeout after this window at most.
+ACTIVITY_WINDOW_S = 2.0
 
 
 @dataclass
@@ -85,6 +93,10 @@ class Monitor:
     """Workers that called `hetsync.init()` and have not joined yet."""
     _joined: dict[int, float] = field(default_factory=dict)
     """Workers in the run (a heartbeat counts), and since when (as first seen)."""
+    _activity: dict[int, Activity] = field(default_factory=dict)
+    """The CPU of each worker quiet in its own code, sampled since its last heartbeat."""
+    _busy: dict[int, float] = field(default_factory=dict)
+    """When each of those was last seen busy."""
 
     def start_limits(self) -> tuple[float, float]:
         """The seconds a worker gets to join the run, and then to start training: a longer
@@ -132,7 +144,7 @@ class Monitor:
         self._read_joins()  # after the exit codes: a worker says it joined before it exits
         left = [r for r, c in enumerate(codes)
                 if c == 0 and r not in self.lost and r not in self._joined]
-        if left:  # the others wait for it in init() (for PG_TIMEOUT), or exit 0 as it did
+        if left:  # the others wait for it in init() (no gloo deadline ends that), or exit 0
             raise self._blame(left[0], _LEFT_BEFORE_JOINING)
         if all(c == 0 for c in codes):
             return True
@@ -243,6 +255,8 @@ class Monitor:
             if beat != self._beats.get(rank):
                 self._beats[rank] = beat
                 self._changed[rank] = now
+                self._activity.pop(rank, None)
+                self._busy.pop(rank, None)
 
     def _check_hang(self, codes: list[int | None]) -> None:
         """Workers that have started training (the others are `_check_start`'s)."""
@@ -258,7 +272,9 @@ class Monitor:
             limit = self.hang_timeout
             if beat[1] == "delay":  # an emulated compute of the seconds it announced
                 limit += float(beat[3])
-            if now - self._changed[rank] > limit:
+            if beat[1] != "sync":  # in a wait, its peers' progress tells (below)
+                self._watch_activity(rank, now)
+            if now - max(self._changed[rank], self._busy.get(rank, 0.0)) > limit:
                 stalled.append(rank)
         if not stalled:
             return
@@ -284,7 +300,8 @@ class Monitor:
                 f"(equal shards, or stop with --max-iterations or --max-time)"), own=False)
         if computing:
             rank = computing[0]
-            what = f"hung: no progress for {self.hang_timeout:g} s while computing"
+            what = (f"hung: no progress for {self.hang_timeout:g} s while computing, its "
+                    f"training thread idle (asleep or blocked in a wait, not on a CPU)")
         else:
             rank = min(live, key=lambda r: progress.iterations[r])
             what = (
@@ -294,6 +311,20 @@ class Monitor:
         stack = self._dump_stack(rank)
         raise WorkerFailed(rank, f"{what} (iteration {progress.iterations[rank] + 1})",
                            f"its stack:\n{stack}", own=bool(computing))
+
+    def _watch_activity(self, rank: int, now: float) -> None:
+        """Sample the CPU of `rank`, quiet outside a wait, once it has been quiet for a
+        window (or a quarter of --hang-timeout if shorter: a training worker beats far more
+        often, nothing is read for it), and note when it was last busy (see the module doc)."""
+        window = min(ACTIVITY_WINDOW_S, self.hang_timeout / 2)
+        if now - self._changed[rank] < min(window, self.hang_timeout / 4):
+            return
+        activity = self._activity.get(rank)
+        if activity is None:
+            activity = self._activity[rank] = Activity(self.procs[rank].pid, window)
+        activity.sample(now)
+        if activity.busy(now):
+            self._busy[rank] = now
 
     def _check_finishing(self, rank: int, iteration: int, now: float) -> None:
         """A finished worker waits, without heartbeats, for the others at the end of the run

@@ -14,6 +14,11 @@ passive side, Prague's Group Generator, which serve one message at a time) or, w
 to a function called on the peer's own thread as the message arrives (Hop's receivers, which
 only turn a message into an event for the training thread: a thread woken a message fewer,
 which Hop, taking in four messages an iteration on a ring, paid in CPU its compute shares).
+
+A receive waits for as long as the process group's timeout (`runtime.PG_TIMEOUT`: under
+hetsync's launcher longer than any run), not less: a peer may be busy in its script's own
+code for minutes between two messages, and a gloo receive that times out closes the pair,
+failing the peer's later sends too. A hung peer is the launcher's to find.
 """
 
 from __future__ import annotations

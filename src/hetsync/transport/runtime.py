@@ -41,7 +41,14 @@ ENV_STORE_PORT = "HETSYNC_STORE_PORT"
 ENV_RUN_DIR = "HETSYNC_RUN_DIR"
 #: Torch threads per worker, overriding `thread_count`'s choice.
 ENV_THREADS = "HETSYNC_THREADS"
-PG_TIMEOUT = datetime.timedelta(seconds=120)
+#: How long a gloo wait (a receive, a send, a collective, a store read) may last before it
+#: fails, and a timed-out wait closes its pair for good. Without hetsync's launcher: torch's
+#: own default, 30 minutes (or --hang-timeout if longer), since nothing else tells a peer
+#: that evaluates for minutes from a hung one. Under the launcher, whose monitor does that
+#: (a busy worker is never hung, a stopped or blocked one is within --hang-timeout):
+#: `LAUNCHED_PG_TIMEOUT`, as long as the longest run, so that gloo never decides (`pg_timeout`).
+PG_TIMEOUT = dist.default_pg_timeout
+LAUNCHED_PG_TIMEOUT = datetime.timedelta(days=30)
 #: Without hetsync's launcher (torchrun, a script's own processes), how long a finished worker
 #: waits at the end for the others: long, since a slow worker may finish much later.
 END_WAIT_S = 3600.0
@@ -116,12 +123,18 @@ class Runtime:
     @property
     def wait_timeout(self) -> float:
         """How long a protocol waits for a peer before it fails: `--hang-timeout` where no
-        launcher watches; under hetsync's launcher, long enough for the launcher to name a
-        hung or stopped peer first (it does within --hang-timeout) and, under `--on-failure
-        continue`, for the news of its loss to arrive: the waiting peers' own timeouts would
-        otherwise race it to the terminal and blame themselves."""
-        timeout = self.hang_timeout
-        return 2 * timeout + 5.0 if self.launched else timeout
+        launcher watches; under hetsync's launcher as long as gloo's own waits
+        (`pg_timeout`): its monitor names a hung or stopped peer within --hang-timeout, and a
+        peer busy in its script's own code (an evaluation of minutes) is not hung, so a
+        waiting peer's own deadline could only fail a run that is alive (and, under
+        `--on-failure continue`, race the news of a loss to the terminal)."""
+        return self.group_timeout.total_seconds() if self.launched else self.hang_timeout
+
+    @property
+    def group_timeout(self) -> datetime.timedelta:
+        """The timeout of this run's process groups, for a group a protocol makes itself
+        (Prague's P-Reduce subgroups): see `PG_TIMEOUT`."""
+        return pg_timeout(self.launched, self.hang_timeout)
 
     def open_control(self) -> ControlChannel:
         """A new control channel for a training loop (the one before, if any, is closed;
@@ -192,23 +205,24 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     if run_dir is None and config.out is not None:
         run_dir = Path(config.out)
     launched = ENV_STORE_PORT in os.environ
+    timeout = pg_timeout(launched, config.hang_timeout)
     if launched:
         store: dist.Store = dist.TCPStore(
             os.environ.get("MASTER_ADDR", "127.0.0.1"),
             int(os.environ[ENV_STORE_PORT]),
             is_master=False,
-            timeout=PG_TIMEOUT,
+            timeout=timeout,
         )
         # Before the process group, which waits for every rank: the monitor then tells a
         # rank whose script never called init() from the ranks waiting for it.
         dist.PrefixStore("hetsync", store).set(JOINING_KEY.format(rank=rank), "")
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg", store), rank=rank, world_size=world,
-            timeout=PG_TIMEOUT, device_id=device if backend == "nccl" else None,
+            timeout=timeout, device_id=device if backend == "nccl" else None,
         )
     elif "MASTER_ADDR" in os.environ:
         dist.init_process_group(
-            backend, init_method="env://", rank=rank, world_size=world, timeout=PG_TIMEOUT,
+            backend, init_method="env://", rank=rank, world_size=world, timeout=timeout,
             device_id=device if backend == "nccl" else None,
         )
         store = dist.distributed_c10d._get_default_store()
@@ -219,7 +233,8 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     else:
         store = dist.HashStore()
         dist.init_process_group(backend, store=store, rank=0, world_size=1)
-    host_group = dist.new_group(backend="gloo") if backend == "nccl" and world > 1 else None
+    host_group = (dist.new_group(backend="gloo", timeout=timeout)
+                  if backend == "nccl" and world > 1 else None)
     control = dist.PrefixStore("hetsync", store)
     lost = (LostWorkers(control, world, config.hang_timeout)
             if config.on_failure == "continue" else None)
@@ -240,6 +255,12 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     if launched:  # after the hooks: the monitor may now ask for its stack (SIGUSR1)
         control.set(JOINED_KEY.format(rank=rank), "")
     return _RUNTIME
+
+
+def pg_timeout(launched: bool, hang_timeout: float) -> datetime.timedelta:
+    """The process groups' and the control store's timeout (see `PG_TIMEOUT`)."""
+    floor = LAUNCHED_PG_TIMEOUT if launched else PG_TIMEOUT
+    return max(floor, datetime.timedelta(seconds=(4 if launched else 1) * hang_timeout))
 
 
 def thread_count(env: Mapping[str, str]) -> int | None:

@@ -120,9 +120,11 @@ class Hop(Protocol):
         self._frames = {_UPDATE_TAG: update_frame(self.tensors), _TOKEN_TAG: TOKEN_FRAME}
         self._fan_out = {j: len(topology.out_peers(j)) for j in in_peers}  # share its egress
         self._channels = threading.Condition()
-        """Guards `_open` (the neighbours whose channels have not ended, by tag) and `_lost`."""
+        """Guards `_open` (the neighbours whose channels have not ended, by tag), `_lost`
+        and `_failed`."""
         self._open = {_UPDATE_TAG: set(in_peers), _TOKEN_TAG: set(out_peers)}
         self._lost: set[int] = set()
+        self._failed: BaseException | None = None  # a receiver thread's error: ends `close`
         for tag, new, kind in ((_UPDATE_TAG, self._spare_update, "updates"),
                                (_TOKEN_TAG, partial(self.link.empty, TOKEN_FRAME), "tokens")):
             PeerStreams(self.link, self._open[tag], tag, new, partial(self._is_end, tag),
@@ -330,6 +332,9 @@ class Hop(Protocol):
         thread of the neighbour it came from, as it arrives)."""
         if isinstance(item, BaseException):  # re-raised on the training thread
             self.inbox.put((item, None))
+            with self._channels:  # a channel that failed never ends: `close` must not wait
+                self._failed = self._failed or item
+                self._channels.notify_all()
             return
         src, buffer = item
         if buffer is None:  # its end marker, or its loss, has said so already
@@ -372,7 +377,7 @@ class Hop(Protocol):
 
     def close(self) -> None:
         """Send the deferred update, end this worker's channels, then wait until every
-        neighbour has ended its own."""
+        neighbour has ended its own; a receive thread's error ends the wait, raised."""
         if self.core.state is not State.ERROR:  # else the error that broke it is raised
             self._execute(self.core.handle(Stopping()), self._step)
         self._wait_sends()
@@ -386,7 +391,10 @@ class Hop(Protocol):
                     unless_lost(self.runtime.lost, j, partial(self.link.send, message, j,
                                                               tag=tag))
         with self._channels:  # as long as they train: the launcher watches them
-            self._channels.wait_for(self._ended)
+            self._channels.wait_for(lambda: self._ended() or self._failed is not None)
+            failed = self._failed
+        if failed is not None:
+            raise RuntimeError(f"hop receiver thread failed: {failed!r}") from failed
         while not self.inbox.empty():
             self._unpack(self.inbox.get_nowait())  # raises what a receiver thread hit
 

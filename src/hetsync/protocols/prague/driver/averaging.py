@@ -33,7 +33,7 @@ class GroupAverager:
         self._flat: torch.Tensor | None = None  # the model's buffer, reused (Link.flat: why)
         kind = runtime.config.preduce if runtime.lost is None else "mesh"
         self.preducer = make_preducer(kind, self.rank, runtime.world_size, store=runtime.store,
-                                      network=network, link=link)
+                                      timeout=runtime.group_timeout, network=network, link=link)
 
     def preduce(self, members: tuple[int, ...], step: Step) -> None:
         """Average the model over `members` on the training thread (a blocking wait)."""
