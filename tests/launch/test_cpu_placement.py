@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -144,3 +146,60 @@ def test_a_pinned_run_that_does_not_stop_at_the_target_evaluates_after_its_worke
                                    mb, 2**40)
     assert evaluates_while_running(RunConfig(workers=2, pin=True, stop_at_target=False,
                                              max_iterations=100), mb, 2**40)
+
+
+def _gone_pid() -> int:
+    """A pid no process has (one that has just exited)."""
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_a_new_run_removes_the_empty_cgroups_of_launchers_that_no_longer_run(tmp_path):
+    """On a directory shaped like a v1 hierarchy: an empty directory is removed as an empty
+    cgroup is, and a full one refused, as a cgroup with a process in it is (EBUSY)."""
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    (cpu / "cpu.cfs_quota_us").write_text("-1\n")
+    dead = _gone_pid()
+    for name in (f"hetsync-{dead}-rank0", f"hetsync-{dead}-rank1", "hetsync-1-rank0",
+                 "hetsync-test-rank0", "other"):
+        (cpu / name).mkdir()
+    (cpu / f"hetsync-{dead}-rank1" / "in-use").write_text("")
+    quota = CpuQuota({}, str(os.getpid()), root=tmp_path)
+    assert quota.remove_stale() == [cpu / f"hetsync-{dead}-rank0"]
+    assert {p.name for p in cpu.iterdir() if p.is_dir()} == {
+        f"hetsync-{dead}-rank1", "hetsync-1-rank0", "hetsync-test-rank0", "other"}
+
+
+def _v2_root(tmp_path: Path, enabled: str) -> Path:
+    """A directory shaped like a cgroup v2 root with the cpu controller, `enabled` in its
+    subtree (a plain file keeps what is written last, where the kernel's adds and removes)."""
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    (tmp_path / "cgroup.subtree_control").write_text(enabled + "\n")
+    return tmp_path
+
+
+def test_under_cgroup_v2_a_run_that_enabled_the_cpu_controller_disables_it_after(tmp_path):
+    root = _v2_root(tmp_path, "memory")
+    quota = CpuQuota({}, "test", root=root)
+    quota.create()
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu\n" and quota.enabled_cpu
+    assert quota.remove() == []
+    assert (root / "cgroup.subtree_control").read_text() == "-cpu\n"
+
+
+def test_under_cgroup_v2_the_cpu_controller_stays_where_it_was_or_another_run_needs_it(
+        tmp_path):
+    root = _v2_root(tmp_path / "enabled", "cpu memory")
+    quota = CpuQuota({}, "test", root=root)
+    quota.create()
+    assert quota.remove() == [] and not quota.enabled_cpu
+    assert (root / "cgroup.subtree_control").read_text() == "cpu memory\n"
+    root = _v2_root(tmp_path / "shared", "memory")
+    (root / "hetsync-1-rank0").mkdir()  # pid 1's: a run that goes on
+    quota = CpuQuota({}, "test", root=root)
+    quota.create()
+    assert quota.remove() == []
+    assert (root / "cgroup.subtree_control").read_text() == "+cpu\n"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,73 @@ def test_the_cgroup_goes_after_a_killed_worker(tmp_path):
     assert _our_cgroups() == []
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["placement"]["cpu_share"] == {"1": 1.0}
+
+
+@needs_quota
+def test_the_next_quota_set_up_removes_a_killed_launchers_cgroups_but_not_one_in_use():
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # its pid: a launcher that no longer runs
+    base = CpuQuota({}, "").base
+    stale, in_use = base / f"hetsync-{gone.pid}-rank0", base / f"hetsync-{gone.pid}-rank1"
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        stale.mkdir()
+        in_use.mkdir()
+        (in_use / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        quota = CpuQuota({0: 0.5}, str(os.getpid()))
+        quota.create()
+        assert not stale.exists() and in_use.exists()
+        assert quota.remove() == [] and _our_cgroups() == []
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for path in (stale, in_use):
+            _rmdir_when_empty(path)
+
+
+def _rmdir_when_empty(path: Path) -> None:
+    """A cgroup whose last process has just died may take a moment to be empty."""
+    deadline = time.monotonic() + 5
+    while path.exists():
+        try:
+            path.rmdir()
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@pytest.mark.slow  # a launcher's start: 11 s on a loaded 2-core VM
+@needs_quota
+def test_a_sigkilled_launchers_cgroup_is_removed_by_the_next_run(tmp_path, processes_of):
+    """SIGKILL as soon as its cgroup exists (made before the workers are spawned): nothing of
+    the launcher's own removes it, and its workers die with it."""
+    out = tmp_path / "run"
+    launcher = subprocess.Popen([sys.executable, "-c", (
+        "import sys; from hetsync.config import RunConfig; from hetsync.launch.launcher "
+        "import run; run(RunConfig(workload='svm', workers=2, max_time=60.0, quiet=True, "
+        "slowdown='cpu:ranks=1,share=1', out=sys.argv[1]))"), str(out)])
+    left = CpuQuota({}, "").base / f"hetsync-{launcher.pid}-rank1"
+    try:
+        deadline = time.monotonic() + 60
+        while not left.exists() and launcher.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert left.exists()
+    deadline = time.monotonic() + 10
+    while processes_of(out) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert processes_of(out) == []
+    quota = CpuQuota({0: 0.5}, str(os.getpid()))
+    try:
+        quota.create()
+        assert not left.exists()
+    finally:
+        quota.remove()
+        if left.exists():
+            _rmdir_when_empty(left)
 
 
 @needs_quota

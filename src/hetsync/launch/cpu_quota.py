@@ -10,13 +10,21 @@ however it ends: a dead worker leaves its cgroup empty, and an empty cgroup can 
 
 cgroup v1 (a `cpu` hierarchy at ROOT/cpu: cpu.cfs_quota_us, cpu.cfs_period_us) is what this
 was tested on; cgroup v2 (ROOT/cgroup.controllers exists: cpu.max = "quota period") is
-implemented the same way but untested.
+implemented the same way but untested; there, a run that had to enable the `cpu` controller
+in the root's cgroup.subtree_control disables it again after the run, unless another run's
+cgroup is still there.
+
+A launcher killed with SIGKILL removes nothing: its workers die with it (PR_SET_PDEATHSIG),
+and its cgroups stay behind, empty. The next run's `create` removes those, every empty
+`hetsync-<pid>-rank<R>` whose launcher `pid` no longer runs (a cgroup that still holds a
+process cannot be removed, so nothing alive loses one).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
 import time
 from pathlib import Path
 
@@ -27,6 +35,8 @@ __all__ = ["CGROUP_ROOT", "CpuQuota"]
 #: Where the cgroup file system is mounted; tests point a CpuQuota elsewhere to be refused.
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _V2_PERIOD_US = 100_000
+#: A run's cgroup, named by its launcher's pid (launch/launcher.py's run id).
+_RUN_CGROUP = re.compile(r"hetsync-(\d+)-rank\d+")
 
 
 class CpuQuota:
@@ -38,12 +48,16 @@ class CpuQuota:
         self.v2 = (root / "cgroup.controllers").exists()
         self.base = root if self.v2 else root / "cpu"
         self.dirs: dict[int, Path] = {}
+        self.enabled_cpu = False
+        """Whether this run enabled the v2 `cpu` controller in the root (undone by `remove`)."""
 
     def create(self) -> None:
-        """Make every rank's cgroup with its quota; ConfigError (one line) if not permitted,
-        with whatever was made already removed."""
+        """Make every rank's cgroup with its quota, after removing the ones killed launchers
+        left; ConfigError (one line) if not permitted, with whatever was made already
+        removed."""
         try:
             self._check_controller()
+            self.remove_stale()
             for rank, share in sorted(self.shares.items()):
                 path = self.base / f"hetsync-{self.run_id}-rank{rank}"
                 self._mkdir(path)
@@ -77,7 +91,31 @@ class CpuQuota:
                     problems.append(f"could not remove cgroup {path}: {error.strerror}")
                     break
             del self.dirs[rank]
+        if self.enabled_cpu and not any(self.base.glob("hetsync-*")):  # no other run's
+            try:
+                (self.root / "cgroup.subtree_control").write_text("-cpu\n")
+                self.enabled_cpu = False
+            except OSError as error:
+                problems.append(f"could not disable the cpu controller in "
+                                f"{self.root / 'cgroup.subtree_control'}: {error.strerror}")
         return problems
+
+    def remove_stale(self) -> list[Path]:
+        """Remove the empty cgroups of launchers that no longer run (killed, so that they
+        could not remove their own); returns them. One still in use, or that this process
+        may not remove, is left. (A launcher in another PID namespace that shares this
+        hierarchy looks gone: its cgroups are safe only once its workers are in them.)"""
+        removed = []
+        for path in sorted(self.base.glob("hetsync-*")):
+            named = _RUN_CGROUP.fullmatch(path.name)
+            if named is None or named[1] == self.run_id or _runs(int(named[1])):
+                continue
+            try:
+                path.rmdir()  # EBUSY while a process is in it
+            except OSError:
+                continue
+            removed.append(path)
+        return removed
 
     def _check_controller(self) -> None:
         if self.v2:
@@ -88,6 +126,7 @@ class CpuQuota:
             control = self.root / "cgroup.subtree_control"
             if "cpu" not in control.read_text().split():
                 self._write(control, "+cpu")
+                self.enabled_cpu = True
         elif not (self.base / "cpu.cfs_quota_us").exists():
             raise ConfigError(f"--slowdown cpu needs the cgroup cpu controller: none at "
                               f"{self.base} (cgroup v1) nor {self.root / 'cgroup.controllers'} "
@@ -118,6 +157,17 @@ class CpuQuota:
         except OSError as error:
             raise ConfigError(f"--slowdown cpu: the kernel refuses {value!r} in {path}: "
                               f"{error.strerror} ({_why(error)})") from None
+
+
+def _runs(pid: int) -> bool:
+    """Whether process `pid` exists (another user's, or a zombie, does)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def _why(error: OSError) -> str:
