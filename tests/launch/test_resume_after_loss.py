@@ -44,6 +44,7 @@ def test_only_the_survivors_checkpoints_decide_where_the_resume_goes_on(tmp_path
     resume = prepare_resume(out, config, frozenset({2}))
     assert resume.at_s == 196.0
     assert resume.iterations == [3900, 3920, None]
+    assert resume.base == 3900  # --max-iterations counts from it: rank 2's 300 is not a base
     times = [row["t"] for row in read_jsonl(out / "eval.jsonl")]
     assert times == [10.0 * i for i in range(20)]  # up to the survivors' earliest checkpoint
 
