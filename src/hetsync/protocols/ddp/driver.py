@@ -111,6 +111,7 @@ class DDP(Protocol):
         reducer told to expect this output's gradients (returned as DDP's forward would)."""
         if module is not self.model:  # a copy made during the forward pass
             return None
+        self._entry.remove()  # removed already, as a rule: never two registered
         self._entry = register_module_forward_pre_hook(self._pre_forward)
         if output is None:  # it raised (or returned nothing): torch is iterating the model's
             return None  # hooks, `_pre_forward` removes this one
