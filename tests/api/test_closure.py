@@ -128,3 +128,23 @@ def test_prepare_twice_is_refused_and_the_given_optimizer_cannot_step_alone():
     sync.step()  # which steps the inner optimizer
     sync.close()
     sgd.step()  # after close(), the optimizer is the script's again
+
+
+def test_lbfgs_starts_afresh_where_an_exchange_moved_the_model():
+    """Its history is differences along its own path: kept while the model stays where its
+    last step left it, dropped once something else (an exchange) moved it."""
+    net = _model()
+    model, sync = hetsync.prepare(net, torch.optim.LBFGS(net.parameters(), max_iter=2),
+                                  "dpsgd")
+    state = sync.optimizer.state
+
+    def iterations() -> int:
+        sync.step(_closure(model, sync, []))
+        return state[next(net.parameters())]["n_iter"]
+
+    first = iterations()
+    assert iterations() == 2 * first  # counted on
+    with torch.no_grad():  # as a neighbour's average would
+        next(net.parameters()).add_(0.01)
+    assert iterations() == first  # counted afresh
+    sync.close()
