@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parents[2]
 
 
@@ -40,3 +42,14 @@ def test_the_readme_and_the_example_give_the_real_line_counts():
         stated = re.search(pattern, doc.read_text())
         assert stated is not None, f"{doc.name} does not state the line counts"
         assert tuple(int(n) for n in stated.groups()) == counts, doc.name
+
+
+STRANGERS = sorted(p.name for p in (ROOT / "examples" / "strangers").iterdir()
+                   if (p / "plain.py").is_file())
+
+
+@pytest.mark.parametrize("script", STRANGERS)
+def test_a_strangers_script_is_at_most_five_lines_from_its_plain_version(script):
+    folder = ROOT / "examples" / "strangers" / script
+    added, changed, removed = count_changes(folder / "plain.py", folder / "with_hetsync.py")
+    assert added + changed + removed <= 5, (added, changed, removed)
