@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]  # two processes, ~10 s
 
 SCRIPT = Path(__file__).parents[1] / "scripts" / "hop_peer_dies_at_close.py"
 
