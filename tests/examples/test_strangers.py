@@ -22,11 +22,12 @@ pytestmark = pytest.mark.integration
 STRANGERS = Path(__file__).parents[2] / "examples" / "strangers"
 VARIANTS = {variant.label: variant for variant in all_variants()}
 
-#: Each script's metric bound in its short form: well past what an untrained model scores
-#: (a uniform guess over the ~90 characters is 4.5 nats; the sines' variance is 0.5; the
-#: digits are 10 classes; breast cancer's majority class is 63 % of the held-out rows).
+#: Each script's metric bound in its short form: past what an untrained model scores (a
+#: uniform guess over the ~90 characters is 4.5 nats, and the LSTM's short form is 11
+#: iterations a worker: 3.6 to 3.9 under hop; the sines' variance is 0.5; the digits are 10
+#: classes; breast cancer's majority class is 63 % of the held-out rows).
 SANE = {
-    "lstm_language_model": lambda loss: loss < 0.85 * math.log(90),
+    "lstm_language_model": lambda loss: loss < 0.9 * math.log(90),
     "digits_cnn": lambda accuracy: accuracy > 0.8,
     "sine_lbfgs": lambda mse: mse < 0.2,
     "bare_loop": lambda accuracy: accuracy > 0.85,
