@@ -239,7 +239,7 @@ def test_a_worker_stopped_for_a_while_holds_the_others_back_and_the_run_goes_on(
     out = tmp_path / "run"
     result = run(RunConfig(protocol="hop", workload="digits", workers=3, max_time=4.0, out=out,
                            quiet=True, hang_timeout=10.0, stop_at_target=False, step_time=10.0,
-                           fault="stop:rank=1,at=1s,for=1.5s"))
+                           fault="stop:rank=1,at=1s,for=1.5s", backup=0, skip=False))
     assert result.summary["stop_reason"] == "max_time"
     rows = read_jsonl(out / "workers" / "rank0.jsonl")
     gaps = [b["t"] - a["t"] for a, b in zip(rows, rows[1:], strict=False)]
@@ -247,10 +247,11 @@ def test_a_worker_stopped_for_a_while_holds_the_others_back_and_the_run_goes_on(
 
 
 def test_delayed_messages_hold_the_receivers_back(tmp_path):
-    """Every message rank 1 sends is held 150 ms: its neighbours wait for each of them."""
+    """Every message rank 1 sends is held 150 ms: its neighbours, waiting for every
+    in-neighbour (the paper's Hop, not the defaults' backup worker), wait for each of them."""
     out = tmp_path / "run"
     result = run(RunConfig(protocol="hop", workload="svm", workers=3, max_iterations=8, out=out,
-                           quiet=True, stop_at_target=False,
+                           quiet=True, stop_at_target=False, backup=0, skip=False,
                            fault="delay-messages:p=1,ms=150,rank=1"))
     assert result.summary["iterations"] == [8, 8, 8]
     waits = [row["sync_wait_s"] for row in read_jsonl(out / "workers" / "rank0.jsonl")]

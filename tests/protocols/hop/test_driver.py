@@ -26,7 +26,8 @@ def _rows(run_dir: Path, rank: int) -> list[dict]:
 def test_with_nothing_relaxed_hop_computes_dpsgds_iterates(mode, train_run):
     common = {"workers": 4, "max_iterations": 40, "stop_at_target": False, "seed": 3}
     dpsgd = train_run(protocol="dpsgd", label="dpsgd", **common)
-    hop = train_run(protocol="hop", hop_mode=mode, label=mode, **common)
+    paper = {"backup": 0, "skip": False} if mode == "queues" else {}  # not the defaults
+    hop = train_run(protocol="hop", hop_mode=mode, label=mode, **paper, **common)
     for rank in range(4):
         expected = [r["loss"] for r in _rows(dpsgd.run_dir, rank)]
         assert len(expected) == 40
@@ -43,11 +44,12 @@ def check_invariants_from_logs(run_dir: Path, config: RunConfig) -> None:
     """On every edge i->j, when i started iteration k, j had completed k - max_gap (its token
     was sent after that); every update used was within the staleness bound."""
     topology = build(config.topology, config.workers)
+    hop = config.hop_config(topology)  # the options as the run resolved them
+    gap = hop.tokens
     rows = {r: _rows(run_dir, r) for r in range(config.workers)}
-    gap = 1 if config.hop_mode == "notify-ack" else config.max_gap
     for i, mine in rows.items():
         for row in mine:
-            assert row["staleness"] <= config.staleness, f"rank {i} used a stale update: {row}"
+            assert row["staleness"] <= hop.staleness, f"rank {i} used a stale update: {row}"
         for j in topology.out_peers(i):
             completions = sorted(
                 [(r["done_at"], r["tag"]) for r in rows[j]]
@@ -63,11 +65,12 @@ def check_invariants_from_logs(run_dir: Path, config: RunConfig) -> None:
 
 
 VARIANTS = {
-    "standard": {"max_gap": 2},
-    "backup": {"backup": 1, "max_gap": 3},
-    "staleness": {"staleness": 2, "max_gap": 3},
+    "standard": {"backup": 0, "skip": False, "max_gap": 2},
+    "backup": {"backup": 1, "skip": False, "max_gap": 3},
+    "staleness": {"backup": 0, "staleness": 2, "skip": False, "max_gap": 3},
     "backup+skip": {"backup": 1, "skip": True, "max_gap": 4},
-    "directed+skip": {"topology": "directed-ring", "skip": True, "max_gap": 3},
+    "directed+skip": {"topology": "directed-ring", "backup": 0, "staleness": 0, "skip": True,
+                      "max_gap": 3},
     "exponential+backup+skip": {"topology": "exponential", "backup": 2, "skip": True,
                                 "max_gap": 3, "slowdown": "deterministic:ranks=0,factor=5"},
 }
@@ -108,7 +111,8 @@ def test_deferred_updates_spare_a_slow_receiver_and_every_worker_still_stops(tra
     it completes (a finish and a skip each return tokens: at most two), not one per its own
     iteration; the run ends cleanly (a deferred last update goes before the end marker)."""
     result = train_run(protocol="hop", workers=2, max_time=4, step_time=10.0, staleness=3,
-                       max_gap=4, skip=True, send_ahead=1, stop_at_target=False,
+                       max_gap=4, skip=True, send_ahead=1, average_once=False,
+                       stop_at_target=False,
                        slowdown="deterministic:ranks=1,factor=6", eval_every=60)
     check_invariants_from_logs(result.run_dir, RunConfig.read(result.run_dir / "config.json"))
     fast, slow = _rows(result.run_dir, 0), _rows(result.run_dir, 1)
@@ -145,4 +149,4 @@ def test_bad_options_are_refused_before_anything_starts(options, match):
 
 def test_skip_that_cannot_take_effect_warns():
     with pytest.warns(UserWarning, match="--skip has no effect"):
-        RunConfig(protocol="hop", workers=4, skip=True).validate()
+        RunConfig(protocol="hop", workers=4, backup=0, skip=True).validate()

@@ -1,4 +1,6 @@
-"""D-PSGD has no options of its own (its graph is `--topology` with `--weights`): its checks."""
+"""D-PSGD has no options of its own (its graph is `--topology` with `--weights`): its checks.
+None would make it tolerate a straggler: every iteration waits for every neighbour's model
+(on the same graph, adpsgd and hop do not; docs/protocols.md, "Stragglers")."""
 
 from __future__ import annotations
 

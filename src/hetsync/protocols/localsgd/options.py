@@ -21,7 +21,8 @@ OUTER_OPTIMIZERS = ("none", "nesterov")
 @dataclass
 class Options:
     local_steps: int = option(8, at_least=1, help="local SGD: optimizer steps each worker "
-                              "takes alone between averages")
+                              "takes alone between averages (each average waits for every "
+                              "worker: no option tolerates a straggler)")
     outer_optimizer: str = option("none", choices=OUTER_OPTIMIZERS, help="local SGD: none (the "
                                   "average is the new model) or nesterov (DiLoCo: outer "
                                   "Nesterov step on the averaged pseudo-gradient)")

@@ -17,7 +17,9 @@ __all__ = ["Options", "check", "tolerate_loss"]
 
 @dataclass
 class Options:
-    ps_mode: str = option("sync", choices=MODES, help="parameter server: sync or async")
+    ps_mode: str = option("sync", choices=MODES, help="parameter server: sync (each round "
+                          "waits for every worker) or async (each gradient applied as it "
+                          "comes: tolerates a straggler, as sync does with --ps-backup 1)")
     """Sync waits for every worker; async applies each gradient as it comes."""
     ps_backup: int = option(0, at_least=0, help="parameter server, sync: backup workers, "
                             "gradients not waited for per round (late ones dropped)")
