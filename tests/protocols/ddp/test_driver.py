@@ -1,5 +1,6 @@
 """DDP's driver in real processes: the stop vote rides in one bucket of several; the script
-uses its own model (prepare returns it) while DDP averages the gradients."""
+uses its own model (prepare returns it) while DDP averages the gradients; a forward pass that
+skips the hooks fails in one line."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
+import hetsync
 from hetsync.config import RunConfig
 from hetsync.launch.launcher import run
 
@@ -61,3 +64,17 @@ def test_prepare_returns_the_users_own_model_and_ddp_still_averages_the_gradient
     torch.manual_seed(0)
     initial = torch.cat([p.detach().reshape(-1) for p in Net().parameters()])
     assert (params[0] - initial).abs().max() > 0.01
+
+
+def test_a_forward_pass_past_the_hooks_fails_in_one_line():
+    hetsync.init(protocol="ddp", device="cpu")  # a world of one, this process
+    try:
+        model = nn.Linear(2, 2)
+        _, optimizer = hetsync.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        model.forward(torch.randn(3, 2)).sum().backward()  # not model(...): DDP never hears
+        with pytest.raises(RuntimeError, match=r"^ddp: iteration 1 reduced no gradients: .*"
+                                               r"model\.forward\(\.\.\.\) skips"):
+            optimizer.step()
+        optimizer.close()
+    finally:
+        hetsync.shutdown()

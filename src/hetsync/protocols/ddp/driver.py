@@ -130,6 +130,11 @@ class DDP(Protocol):
     def before_optimizer_step(self, step: Step) -> None:
         # Gradients were reduced during backward(); only the votes remain to be read.
         self.step = step
+        if self._reduce is None:  # no bucket reached `_hook`: DDP was not told of the pass
+            raise RuntimeError(
+                f"ddp: iteration {step.iteration} reduced no gradients: step() came without "
+                f"backward() through the model called as model(...) (model.forward(...) skips "
+                f"the hooks that drive DDP)")
         for decision in self.core.handle(Reduced(iteration=step.iteration, votes=self._votes)):
             dispatch(decision, self)
 
