@@ -301,7 +301,7 @@ class Monitor:
         if computing:
             rank = computing[0]
             what = (f"hung: no progress for {self.hang_timeout:g} s while computing, its "
-                    f"training thread idle (asleep or blocked in a wait, not on a CPU)")
+                    f"training thread asleep or blocked")
         else:
             rank = min(live, key=lambda r: progress.iterations[r])
             what = (
