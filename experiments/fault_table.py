@@ -156,9 +156,9 @@ def bad_input(out: Path) -> list[dict[str, Any]]:
 
 
 def cont(out: Path, workers: int) -> list[dict[str, Any]]:
-    variants = {"hop": {"protocol": "hop", "backup": 1}, "prague": {"protocol": "prague"},
-                "adpsgd": {"protocol": "adpsgd"}, "ps-async": {"protocol": "ps",
-                                                               "ps_mode": "async"}}
+    variants = {"hop": {"protocol": "hop", "backup": 1, "skip": False},
+                "prague": {"protocol": "prague"}, "adpsgd": {"protocol": "adpsgd"},
+                "ps-async": {"protocol": "ps", "ps_mode": "async"}}
     rows = []
     for label, options in variants.items():
         for fault in ("none", "kill:rank=3,at=2s"):

@@ -21,13 +21,16 @@ SETTINGS = {
     "one 5x slow": "deterministic:ranks=3,factor=5",
 }
 RING = {"topology": "ring"}
+#: The paper's Hop, each option that Hop's defaults would resolve from the graph set.
+PAPER = {"protocol": "hop", "backup": 0, "staleness": 0, "skip": False, "max_gap": 8,
+         "send_ahead": 0, "average_once": False, **RING}
 VARIANTS = [
     ("dpsgd", {"protocol": "dpsgd", **RING}),
-    ("notify-ack", {"protocol": "hop", "hop_mode": "notify-ack", **RING}),
-    ("hop", {"protocol": "hop", **RING}),
-    ("hop-backup1", {"protocol": "hop", "backup": 1, **RING}),
-    ("hop-staleness2", {"protocol": "hop", "staleness": 2, **RING}),
-    ("hop-skip", {"protocol": "hop", "backup": 1, "skip": True, **RING}),
+    ("notify-ack", {**PAPER, "hop_mode": "notify-ack"}),
+    ("hop", PAPER),
+    ("hop-backup1", {**PAPER, "backup": 1}),
+    ("hop-staleness2", {**PAPER, "staleness": 2}),
+    ("hop-skip", {**PAPER, "backup": 1, "skip": True}),
 ]
 
 if __name__ == "__main__":
