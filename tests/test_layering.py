@@ -13,7 +13,8 @@ The layers, bottom to top (DEVELOPERS.md says what each holds):
     metrics    what a run measures and writes
     transport  moving bytes: transport, network.emulator, the protocols' wire formats (*wire)
     drivers    protocols.base, protocols.registry, each protocol's driver (a module, or a package)
-    session    joining a run: hetsync.init (session)
+    session    joining a run: hetsync.init (session); the data dealt to its workers
+               (hetsync.data, but its arithmetic, data.dealing: base)
     api        SyncOptimizer (api) and the public names (the hetsync package)
     launch     the launcher, its workers, monitor and checkpoints
     simulator  the simulator and each protocol's simulation (protocols.<x>.simulation)
@@ -71,6 +72,8 @@ RULES = (
     ("hetsync.workloads*", "base"),
     ("hetsync.config", "config"),
     ("hetsync.session", "session"),
+    ("hetsync.data.dealing", "base"),
+    ("hetsync.data*", "session"),
     ("hetsync.api", "api"),
     ("hetsync", "api"),
     ("hetsync.launch*", "launch"),

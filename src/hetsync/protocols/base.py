@@ -71,6 +71,14 @@ class Protocol:
     def check_config(cls, config: RunConfig) -> None:
         """Raise ConfigError if the run's options do not suit this protocol (before spawning)."""
 
+    @classmethod
+    def ends_alone(cls, config: RunConfig) -> bool:
+        """Whether a worker may end its loop while the others still step (each stops alone),
+        so that `hetsync.data` may deal a faster worker more of an epoch. False, the default:
+        lock-step, every worker in every step, and equal shares (a worker that ran out early
+        would leave the others waiting for it)."""
+        return False
+
     def begin_iteration(self, step: Step) -> None:
         """Called before the forward pass of `step` (for hooks that fire inside backward())."""
 

@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.config import RunConfig
 from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols.adpsgd.core import (
     ADPSGDCore,
@@ -99,6 +100,10 @@ class ADPSGD(Protocol):
     """Asynchronous decentralized SGD with atomic pairwise averaging."""
 
     closures = Closures.LOCAL  # a closure: the step from the average, under the model lock
+
+    @classmethod
+    def ends_alone(cls, config: RunConfig) -> bool:
+        return True  # nobody waits for a particular worker; a gone one's peer serves alone
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -42,6 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hetsync.config import RunConfig
 from hetsync.network.model import Message
 from hetsync.network.patterns import point_to_point
 from hetsync.protocols.base import Closures, Protocol, Step
@@ -92,6 +93,10 @@ class Hop(Protocol):
     """Queue-based decentralized training with backup workers, staleness and skipping."""
 
     closures = Closures.LOCAL  # a closure: the step from the aggregated model
+
+    @classmethod
+    def ends_alone(cls, config: RunConfig) -> bool:
+        return True  # a worker that ends sends its end marker; its neighbours go on
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -82,6 +82,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hetsync.config import RunConfig
 from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.patterns import point_to_point
 from hetsync.protocols.base import Protocol, Step
@@ -436,6 +437,10 @@ class _Server:
 @register_protocol("ps")
 class ParameterServer(Protocol):
     """Gradients pushed to a server thread on rank 0, which answers with the new model."""
+
+    @classmethod
+    def ends_alone(cls, config: RunConfig) -> bool:
+        return config.ps_mode == "async"  # a sync round waits for every worker's gradient
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

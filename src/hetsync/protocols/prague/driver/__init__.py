@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hetsync.config import RunConfig
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
@@ -47,6 +48,10 @@ class Prague(Protocol):
     """Model averaging within groups: random groups from a Group Generator, or static ones."""
 
     closures = Closures.LOCAL  # a closure: a local step, then the group average
+
+    @classmethod
+    def ends_alone(cls, config: RunConfig) -> bool:
+        return config.schedule != "static"  # the Group Generator groups whoever is left
 
     def __init__(
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer

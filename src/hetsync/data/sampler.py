@@ -1,0 +1,207 @@
+"""Data dealt out as workers ask: a faster worker takes more of each epoch.
+
+With `DistributedSampler` each worker owns a fixed 1/n of the data, so an N-epoch run ends
+when the slowest worker has finished its shard, whatever the protocol. `DynamicSampler` (for
+a `DataLoader`) and `deal` (for scripts that slice a stream by hand) deal each epoch from a
+counter in the run's control store instead: every item is used once an epoch, and a worker
+that finds the epoch used up ends it. That pays under the protocols whose workers may stop
+after different numbers of iterations (`Protocol.ends_alone`: AD-PSGD, Hop, Prague's Group
+Generator, the asynchronous parameter server); under the lock-step ones (All-Reduce, DDP,
+D-PSGD, ...) a worker that ran out would leave the others waiting in a collective, so they
+get `DistributedSampler`'s fixed equal shares (docs/protocols.md, "Epochs").
+
+A counter's key names the sampler (by default the order in which the script built it, the
+same on every worker), the epoch, how many times the sampler was iterated within it (a loop
+that never calls `set_epoch` still deals each pass afresh) and torchrun's restart count; a
+run of hetsync's launcher, resumed too, has a store of its own.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator, Sequence, Sized
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import Sampler
+
+from hetsync.data.dealing import checked_epoch_size, claimed, equal_share
+from hetsync.errors import ConfigError
+from hetsync.protocols.registry import get_protocol
+from hetsync.transport.runtime import Runtime, current_runtime
+
+__all__ = ["DEFAULT_CHUNK", "DynamicSampler", "deal"]
+
+#: Items a claim takes where no batch size is given: a common DataLoader batch.
+DEFAULT_CHUNK = 32
+_BUILT = itertools.count()  # samplers built in this process: each one's default name
+#: deal()'s passes over each (name, epoch) by this process's worker (a test's workers share one)
+_DEAL_PASSES: dict[tuple[str, int, int], int] = {}
+
+
+class _Dealer:
+    """One worker's side of the dealing: its world, and the store it claims from."""
+
+    def __init__(self, what: str, num_replicas: int | None, rank: int | None,
+                 equal_shares: bool | None, store: dist.Store | None) -> None:
+        self.what = what
+        runtime = _runtime()
+        if store is not None:
+            if num_replicas is None or rank is None:
+                raise ConfigError(f"{what}: a store given by hand needs num_replicas and rank")
+            self.world, self.rank, self.store = num_replicas, rank, store
+            self.equal = bool(equal_shares)
+        elif runtime is not None:
+            for given, own, name in ((num_replicas, runtime.world_size, "num_replicas"),
+                                     (rank, runtime.rank, "rank")):
+                if given is not None and given != own:
+                    raise ConfigError(f"{what}: {name}={given} disagrees with the run's "
+                                      f"({own}): leave it out, the run says it")
+            self.world, self.rank, self.store = runtime.world_size, runtime.rank, runtime.store
+            self.equal = (not get_protocol(runtime.config.protocol).ends_alone(runtime.config)
+                          if equal_shares is None else equal_shares)
+        elif (num_replicas or 1) == 1 and not rank:
+            self.world, self.rank, self.store, self.equal = 1, 0, None, True
+        else:
+            raise ConfigError(f"{what}: num_replicas={num_replicas}, rank={rank} outside a run: "
+                              "call hetsync.init() first (or give the store to deal from)")
+        if not 0 <= self.rank < self.world:
+            raise ConfigError(f"{what}: rank {self.rank} is outside 0..{self.world - 1}")
+        self.pid = os.getpid()
+
+    def items(self, order: Sequence[int], chunk: int, drop_last: bool, key: str,
+              tally: dict[str, int]) -> Iterator[int]:
+        """This worker's items of an epoch in `order`: its equal share, or what it claims
+        under `key`. `tally` counts the items it was dealt (`dealt`) and those of a claim its
+        consumer stopped taking before the end (`unused`: a loop cut short; a prefetching
+        DataLoader's pending batches are not seen here)."""
+        size = len(order)
+        if self.equal or self.world == 1:
+            share = equal_share(size, self.world, self.rank, drop_last)
+            tally["dealt"] += len(share)
+            yield from (order[position] for position in share)
+            return
+        if os.getpid() != self.pid:
+            raise RuntimeError(f"{self.what}: iterated in a forked process (a DataLoader "
+                               "worker?): its store client belongs to the process that made it; "
+                               "give the sampler to DataLoader(sampler=...), which iterates it "
+                               "in the main process")
+        size = checked_epoch_size(self.what, size, None, chunk, drop_last)
+        while taken := claimed(self.store.add(key, chunk), chunk, size):
+            tally["dealt"] += len(taken)
+            left = len(taken)
+            try:
+                for position in taken:
+                    left -= 1
+                    yield order[position]
+            finally:
+                tally["unused"] += left
+
+
+class DynamicSampler(Sampler[int]):
+    """`DistributedSampler`'s drop-in that deals each epoch out as workers ask.
+
+    Args (as `DistributedSampler`'s): `dataset`; `num_replicas`, `rank` (the run's; given by
+    hand they must agree with it); `shuffle` (each epoch's order a permutation drawn from
+    `seed` and the epoch, the same on every worker); `drop_last` (dynamic: only whole claims
+    are dealt, so with a claim of whole batches no worker gets a partial batch; equal
+    shares: `DistributedSampler`'s).
+    Keywords: `batch_size`, the DataLoader's (a claim is then `chunk` = one batch, and a
+    batch larger than the data fails); `chunk`, items per claim (default one batch, or
+    `DEFAULT_CHUNK`): a slow worker's last claim is what the others may wait for at the end,
+    and each claim costs one store round trip; `name`, the counter's (default: the order of
+    construction); `equal_shares` (default: from the run's protocol, see the module);
+    `store`, to deal from a store of one's own (then `num_replicas` and `rank` too).
+
+    `len()` is the equal share, ceil(len(dataset) / num_replicas): under dynamic dealing a
+    worker's epoch may be longer or shorter (a schedule sized from `len(loader)`, such as
+    OneCycleLR's, must allow for more steps); `dealt` and `unused` count, over the epochs,
+    the items this worker was dealt and those of a claim left untaken when its loop stopped
+    mid-epoch. A `DataLoader` with `num_workers > 0` iterates the sampler in its main process
+    (the store's client stays there) and prefetches `prefetch_factor x num_workers` batches
+    ahead: claimed, and lost to the epoch if the loop stops before they are taken.
+    """
+
+    def __init__(self, dataset: Sized, num_replicas: int | None = None, rank: int | None = None,
+                 shuffle: bool = True, seed: int = 0, drop_last: bool = False, *,
+                 batch_size: int | None = None, chunk: int | None = None,
+                 name: str | None = None, equal_shares: bool | None = None,
+                 store: dist.Store | None = None) -> None:
+        self.dataset, self.shuffle, self.seed, self.drop_last = dataset, shuffle, seed, drop_last
+        self.chunk = chunk if chunk is not None else batch_size or DEFAULT_CHUNK
+        self.name = name if name is not None else f"sampler{next(_BUILT)}"
+        self._dealer = _Dealer("DynamicSampler", num_replicas, rank, equal_shares, store)
+        self.num_replicas, self.rank = self._dealer.world, self._dealer.rank
+        self.equal_shares = self._dealer.equal
+        checked_epoch_size("DynamicSampler", len(dataset), batch_size, self.chunk, drop_last)
+        self.epoch = 0
+        self._passes = 0  # iterations since the last set_epoch
+        self._tally = {"dealt": 0, "unused": 0}
+
+    @property
+    def dealt(self) -> int:
+        return self._tally["dealt"]
+
+    @property
+    def unused(self) -> int:
+        return self._tally["unused"]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Deal epoch `epoch` next (its order, and its counter)."""
+        self.epoch, self._passes = epoch, 0
+
+    def __len__(self) -> int:
+        size = len(self.dataset)  # type: ignore[arg-type]
+        if self.drop_last and not self.equal_shares:
+            size = size // self.chunk * self.chunk
+        if self.drop_last and self.equal_shares:
+            return size // self.num_replicas
+        return -(-size // self.num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        size = len(self.dataset)  # type: ignore[arg-type]
+        order = (torch.randperm(size, generator=torch.Generator().manual_seed(
+            self.seed + self.epoch)).tolist() if self.shuffle else range(size))
+        key = _key(self.name, self.epoch, self._passes)
+        self._passes += 1
+        return self._dealer.items(order, self.chunk, self.drop_last, key, self._tally)
+
+
+def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int = 0,
+         chunk: int = 1, name: str = "deal", equal_shares: bool | None = None,
+         num_replicas: int | None = None, rank: int | None = None,
+         store: dist.Store | None = None) -> Iterator[int]:
+    """Batch numbers 0..num_batches-1 of `epoch`, dealt as `DynamicSampler` deals samples,
+    for a script that slices its own stream: `for i in deal(n, epoch=e): x = data[i * b:]...`.
+
+    In increasing order (`shuffle` draws a permutation from `seed` and `epoch`), `chunk`
+    batches a claim; under a lock-step protocol each worker's equal share, a contiguous run
+    of ceil(num_batches / n) (the last padded from the start), so that a carried state (an
+    RNN's hidden state) meets consecutive batches. Each call of the same `name` and `epoch`
+    deals a new pass.
+    """
+    dealer = _Dealer("deal", num_replicas, rank, equal_shares, store)
+    checked_epoch_size("deal", num_batches, None, chunk, False)
+    order = (torch.randperm(num_batches, generator=torch.Generator().manual_seed(seed + epoch))
+             .tolist() if shuffle else range(num_batches))
+    if dealer.equal:
+        share = -(-num_batches // dealer.world)
+        return (order[(dealer.rank * share + j) % num_batches] for j in range(share))
+    passes = _DEAL_PASSES.get((name, epoch, dealer.rank), 0)
+    _DEAL_PASSES[(name, epoch, dealer.rank)] = passes + 1
+    return dealer.items(order, chunk, False, _key(name, epoch, passes),
+                        {"dealt": 0, "unused": 0})
+
+
+def _key(name: str, epoch: int, passes: int) -> str:
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"deal/{name}/{restart}/{epoch}/{passes}"
+
+
+def _runtime() -> Runtime | None:
+    """The run `hetsync.init()` joined, or None outside one."""
+    try:
+        return current_runtime()
+    except RuntimeError:
+        return None

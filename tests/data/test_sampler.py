@@ -1,0 +1,209 @@
+"""The dealing of `hetsync.data`: threads as workers over a real torch.distributed store."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+from collections.abc import Callable, Iterable
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data.distributed import DistributedSampler
+
+import hetsync
+from hetsync.config import RunConfig
+from hetsync.data import DynamicSampler, deal
+from hetsync.errors import ConfigError
+from hetsync.protocols.registry import get_protocol
+
+DATA = list(range(1000))
+
+
+def _sampler(store: dist.Store, rank: int, world: int = 2, **options: object) -> DynamicSampler:
+    return DynamicSampler(DATA, num_replicas=world, rank=rank, store=store, name="train",
+                          **options)
+
+
+def _fast_and_slow(fast: Iterable[int], slow: Iterable[int]) -> tuple[list[int], list[int]]:
+    """What each of two workers took when the slow one stalls after its first item until the
+    fast one has finished the epoch (a straggler, without timing)."""
+    taken: dict[str, list[int]] = {"fast": [], "slow": []}
+    started, finished = threading.Event(), threading.Event()
+
+    def run_slow() -> None:
+        for i, item in enumerate(slow):
+            taken["slow"].append(item)
+            if i == 0:
+                started.set()
+                finished.wait(10)
+
+    thread = threading.Thread(target=run_slow)
+    thread.start()
+    assert started.wait(10)
+    taken["fast"] = list(fast)
+    finished.set()
+    thread.join(10)
+    return taken["fast"], taken["slow"]
+
+
+@pytest.mark.parametrize("store", ["hash", "tcp"])
+def test_a_fast_worker_takes_more_and_every_sample_is_dealt_once(store):
+    if store == "hash":
+        stores: list[dist.Store] = [dist.HashStore()] * 2
+    else:
+        server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        stores = [server, dist.TCPStore("127.0.0.1", server.port, is_master=False)]
+    fast, slow = _sampler(stores[0], 0, chunk=10), _sampler(stores[1], 1, chunk=10)
+    for epoch in range(2):
+        fast.set_epoch(epoch)
+        slow.set_epoch(epoch)
+        got_fast, got_slow = _fast_and_slow(fast, slow)
+        assert len(got_slow) == 10  # its one claim; the fast worker took the other 99
+        assert sorted(got_fast + got_slow) == DATA
+    assert (fast.dealt, slow.dealt, fast.unused, slow.unused) == (1980, 20, 0, 0)
+
+
+def test_each_epoch_has_its_own_seeded_order_and_counter():
+    store = dist.HashStore()
+    sampler = _sampler(store, 0, seed=3)
+    sampler.set_epoch(1)
+    assert list(sampler) == torch.randperm(1000, generator=torch.Generator().manual_seed(4)
+                                           ).tolist()  # alone: the whole order, claimed
+    assert len(list(sampler)) == 1000  # a second pass over epoch 1 (no set_epoch) deals anew
+    sampler.set_epoch(1)
+    assert list(sampler) == []  # epoch 1's first pass again: dealt already
+    other = _sampler(store, 1, seed=3)
+    other.set_epoch(1)
+    assert list(other) == []  # another worker's epoch 1: the same counter
+
+
+def test_two_samplers_of_one_script_have_their_own_counters():
+    store = dist.HashStore()
+    train = DynamicSampler(DATA, num_replicas=2, rank=0, store=store)
+    held_out = DynamicSampler(DATA[:100], num_replicas=2, rank=0, store=store)
+    assert (len(list(train)), len(list(held_out))) == (1000, 100)
+    assert train.name != held_out.name
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_equal_shares_are_distributed_samplers(shuffle, drop_last):
+    data = list(range(103))
+    for rank in range(4):
+        ours = DynamicSampler(data, 4, rank, shuffle, 5, drop_last, store=dist.HashStore(),
+                              equal_shares=True)
+        theirs = DistributedSampler(data, 4, rank, shuffle, 5, drop_last)
+        ours.set_epoch(2)
+        theirs.set_epoch(2)
+        assert list(ours) == list(theirs)
+        assert len(ours) == len(theirs)
+
+
+def test_drop_last_deals_whole_claims_only():
+    def sampler(rank: int) -> DynamicSampler:
+        return DynamicSampler(DATA[:103], 2, rank, store=store, batch_size=10, drop_last=True,
+                              name="train")
+
+    store = dist.HashStore()
+    batches = list(DataLoader(DATA[:103], batch_size=10, sampler=sampler(0)))
+    assert [len(batch) for batch in batches] == [10] * 10  # the last 3 dropped: no partial batch
+    assert list(sampler(1)) == []
+
+
+def test_a_loop_cut_short_counts_its_claims_untaken():
+    sampler = _sampler(dist.HashStore(), 0, chunk=10)
+    items = iter(sampler)
+    assert len([next(items) for _ in range(13)]) == 13
+    items.close()  # type: ignore[attr-defined]
+    assert (sampler.dealt, sampler.unused) == (20, 7)
+
+
+def test_a_dataloader_with_worker_processes_claims_in_its_own_process():
+    """The loader's forked workers get indices from the sampler in the main process: over a
+    HashStore (this process's memory), claims made in a child would be dealt again here."""
+    store = dist.HashStore()
+    dataset = TensorDataset(torch.arange(200))
+    sampler = DynamicSampler(dataset, 2, 0, store=store, batch_size=8, name="train")
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=2,
+                        multiprocessing_context="fork")
+    seen = torch.cat([batch for (batch,) in loader]).tolist()
+    assert sorted(seen) == list(range(200))
+    assert list(DynamicSampler(dataset, 2, 1, store=store, batch_size=8, name="train")) == []
+
+
+def _iterate_in_child(sampler: DynamicSampler, answer: multiprocessing.Queue) -> None:
+    try:
+        list(sampler)
+        answer.put("dealt")
+    except RuntimeError as error:
+        answer.put(str(error))
+
+
+def test_a_forked_process_does_not_use_the_store():
+    sampler = _sampler(dist.HashStore(), 0)
+    context = multiprocessing.get_context("fork")
+    answer = context.Queue()
+    child = context.Process(target=_iterate_in_child, args=(sampler, answer))
+    child.start()
+    child.join(30)
+    assert "iterated in a forked process" in answer.get(timeout=5)
+
+
+def test_deal_hands_out_batch_numbers_in_order():
+    store = dist.HashStore()
+    fast, slow = _fast_and_slow(deal(50, epoch=0, num_replicas=2, rank=0, store=store),
+                                deal(50, epoch=0, num_replicas=2, rank=1, store=store))
+    assert slow == [slow[0]]
+    assert sorted(fast + slow) == list(range(50))
+    assert fast == sorted(fast)
+    assert list(deal(50, epoch=1, num_replicas=2, rank=0, store=store)) == list(range(50))
+
+
+def test_deal_gives_equal_contiguous_shares_under_a_lock_step_protocol():
+    shares = [list(deal(10, num_replicas=3, rank=r, store=dist.HashStore(), equal_shares=True))
+              for r in range(3)]
+    assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+
+
+@pytest.mark.parametrize(("options", "alone"), [
+    ({"protocol": "allreduce"}, False), ({"protocol": "ddp"}, False),
+    ({"protocol": "dpsgd"}, False), ({"protocol": "localsgd"}, False),
+    ({"protocol": "ps"}, False), ({"protocol": "ps", "ps_mode": "async"}, True),
+    ({"protocol": "prague", "schedule": "static"}, False), ({"protocol": "prague"}, True),
+    ({"protocol": "adpsgd"}, True), ({"protocol": "hop"}, True),
+])
+def test_only_protocols_whose_workers_end_alone_are_dealt_dynamically(options, alone):
+    config = RunConfig(**options)
+    assert get_protocol(config.protocol).ends_alone(config) is alone
+
+
+def _one_line_error(make: Callable[[], object]) -> str:
+    with pytest.raises(ConfigError) as error:
+        make()
+    assert "\n" not in str(error.value)
+    return str(error.value)
+
+
+def test_bad_input_fails_in_one_line():
+    store = dist.HashStore()
+    assert "the data is empty" in _one_line_error(
+        lambda: DynamicSampler([], 2, 0, store=store))
+    assert "batch_size 64 is larger than the data (30 items)" in _one_line_error(
+        lambda: DynamicSampler(DATA[:30], 2, 0, store=store, batch_size=64))
+    assert "the data is empty" in _one_line_error(lambda: deal(0, num_replicas=2, rank=0,
+                                                               store=store))
+    assert "outside a run" in _one_line_error(lambda: DynamicSampler(DATA, num_replicas=4))
+
+
+def test_a_world_of_one_gets_all_the_data():
+    assert list(DynamicSampler(DATA, shuffle=False)) == DATA  # no run: no store needed
+    hetsync.init(protocol="adpsgd", device="cpu")
+    try:
+        assert sorted(DynamicSampler(DATA)) == DATA
+        assert list(deal(7)) == list(range(7))
+        assert "num_replicas=4 disagrees with the run's (1)" in _one_line_error(
+            lambda: DynamicSampler(DATA, num_replicas=4))
+    finally:
+        hetsync.shutdown()
