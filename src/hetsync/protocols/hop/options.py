@@ -52,12 +52,14 @@ class Options:
                                "(--no-skip: never)")
     skip_threshold: int = option(_HOP.skip_threshold, at_least=1, help="Hop: skip only when at "
                                  "least this many iterations would be skipped")
-    send_ahead: int | None = option(None, at_least=0, default_text="1 with --staleness's "
-                                    "default of 12, else 0", help="Hop: defer an update to a "
+    send_ahead: int | None = option(None, at_least=0, default_text="1 where --staleness "
+                                    "stands in for a backup worker (as its default does), "
+                                    "else 0", help="Hop: defer an update to a "
                                     "receiver this many iterations short of the last one it "
                                     "was sent (0: send every update, as the paper)")
-    average_once: bool | None = option(None, default_text="on with --staleness's default of "
-                                       "12, else off", help="Hop: average each update in "
+    average_once: bool | None = option(None, default_text="on where --staleness "
+                                       "stands in for a backup worker (as its default does), "
+                                       "else off", help="Hop: average each update in "
                                        "once; an iteration with nothing new from an "
                                        "in-neighbour goes on without it (--no-average-once: "
                                        "reuse its last update within --staleness)")
