@@ -13,7 +13,8 @@ that no hook of it is registered while the others are timed).
 
     .venv/bin/python experiments/ddp_forward_cost.py [--modules 60] [--passes 2000] [--rounds 7]
 
-Prints each way's least time per pass over the rounds (microseconds); writes nothing.
+Prints each way's least time per pass over the rounds (microseconds); writes nothing. About
+30 s on this 2-core VM.
 """
 
 from __future__ import annotations
