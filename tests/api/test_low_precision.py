@@ -1,5 +1,7 @@
 """Every protocol trains a bf16 (and, slow, an fp16) model past the iteration where a header
-carried in the model's dtype would round (review 3, item 5: Hop's tag 257 arrived as 256)."""
+carried in the model's dtype would round (review 3, item 5: Hop's tag 257 arrived as 256),
+and (slow) a float64 one, sent and loaded back in float64 (the float64 LBFGS runs of
+test_closure_runs.py are in CI)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ PROTOCOLS = {
     "allreduce": ("allreduce", {}), "ddp": ("ddp", {}), "ps-sync": ("ps", {"ps_mode": "sync"}),
     "ps-async": ("ps", {"ps_mode": "async"}), "hop": ("hop", {}),
     "hop-skip": ("hop", {"skip": True}), "dpsgd": ("dpsgd", {}), "adpsgd": ("adpsgd", {}),
-    "prague": ("prague", {"group_size": 2}),
+    "prague": ("prague", {"group_size": 2}), "localsgd": ("localsgd", {}),
 }
 # In CI, protocols that carried an integer in the model's dtype (Hop's tag, the PS version,
 # Prague's group ids); the rest (D-PSGD's stop too), and every fp16 run, behind slow.
@@ -26,7 +28,7 @@ IN_CI = {"hop", "ps-sync", "prague"}  # D-PSGD's behind slow too, for CI time
 CASES = [
     pytest.param(*spec, dtype, iterations, id=f"{name}-{dtype}",
                  marks=() if name in IN_CI and dtype == "bfloat16" else pytest.mark.slow)
-    for dtype, iterations in (("bfloat16", 300), ("float16", 2100))
+    for dtype, iterations in (("bfloat16", 300), ("float16", 2100), ("float64", 300))
     for name, spec in PROTOCOLS.items()
 ]
 
