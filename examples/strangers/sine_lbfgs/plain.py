@@ -57,14 +57,14 @@ def sine_waves(count: int, length: int, period: float = 20.0) -> np.ndarray:
 def main() -> None:
     parser = argparse.ArgumentParser(description="sine waves with LBFGS")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--small", action="store_true", help="a few seconds: 2 short steps")
+    parser.add_argument("--small", action="store_true", help="a few seconds: 3 short steps")
     parser.add_argument("--hidden", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=".", help="where result.json goes")
     args = parser.parse_args()
     max_iter = 20
     if args.small:
-        args.steps, max_iter = 2, 4
+        args.steps, max_iter = 3, 6
 
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
