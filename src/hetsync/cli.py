@@ -44,6 +44,10 @@ _RUN_HELP = {
     "core computed the next step up to 1.4x slower here; costs power, not speed)",
     "max_time": "stop after this many seconds",
     "max_iterations": "stop after this many iterations",
+    "epochs": "train: stop after this many epochs of the training data",
+    "sampler": "train: static (each worker a fixed shard of the data) or dynamic (each epoch "
+    "dealt out as the workers ask, so a faster worker takes more of it, under the protocols "
+    "whose workers stop alone; see docs/protocols.md, Epochs)",
     "target_loss": "target for the consensus test loss: time to target is measured to it",
     "stop_at_target": "stop every worker once the target loss is reached. Without it, a "
     "pinned run evaluates nothing until its workers are done (nothing in the run depends on "
@@ -91,6 +95,7 @@ _DEFAULT_TEXT = {
     "max_time": f"train: {RunConfig.DEFAULT_MAX_TIME:g} s if no iteration limit is set; "
     "launch: none, the script's loop ends the run",
     "max_iterations": "no limit",
+    "epochs": "no limit",
     "target_loss": "the workload's",
     "batch_size": "the workload's",
     "lr": "the workload's",

@@ -52,6 +52,7 @@ _CHOICES = {
     "device": DEVICES,
     "on_failure": ("stop", "continue"),
     "eval_bn": ("recompute", "saved"),
+    "sampler": ("static", "dynamic"),
 }
 
 #: What `--device cuda:1` (PyTorch's spelling) gets told: the workers' GPUs are placed by rule.
@@ -77,6 +78,11 @@ class _RunOptions:
     (hetsync.launch.awake_cores)."""
     max_time: float | None = None
     max_iterations: int | None = None
+    epochs: int | None = None
+    """The built-in workloads: stop after this many epochs of the training data."""
+    sampler: str = "static"
+    """The built-in workloads' data: each worker a fixed shard (static), or each epoch dealt
+    out as the workers ask (dynamic, hetsync.data.DynamicSampler)."""
     target_loss: float | None = None
     """None: the workload's default target, used to measure time to target."""
     stop_at_target: bool = True
@@ -222,7 +228,8 @@ class RunConfig(_RunOptions):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must not be negative (got {value})")
-        for name in ("max_iterations", "batch_size", "eval_samples", "cpus_per_worker"):
+        for name in ("max_iterations", "epochs", "batch_size", "eval_samples",
+                     "cpus_per_worker"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1 (got {value})")
@@ -248,6 +255,14 @@ class RunConfig(_RunOptions):
         if self.max_time is not None and self.step_time / 1000 >= self.max_time:
             raise ConfigError(f"--step-time {self.step_time:g} ms is as long as --max-time "
                               f"{self.max_time:g} s or longer: no step would end")
+        for name in ("epochs", "sampler"):
+            if self.script and getattr(self, name) != getattr(RunConfig, name):
+                raise ConfigError(f"{flag(name)} sets the built-in workloads' data; a script "
+                                  "deals its own (hetsync.data.DynamicSampler, see "
+                                  "docs/protocols.md)")
+        if self.checkpoint_every is not None and self.sampler == "dynamic":
+            raise ConfigError("--checkpoint-every with --sampler dynamic: a resumed run cannot "
+                              "yet tell how far each epoch was dealt (not done)")
         if self.checkpoint_every is not None and self.script:
             raise ConfigError("--checkpoint-every checkpoints the built-in workloads' training; "
                               "a script checkpoints itself (SyncOptimizer.state_dict(), see "
@@ -300,7 +315,7 @@ class RunConfig(_RunOptions):
             for name in ("batch_size", "lr", "momentum", "target_loss"):
                 if values[name] is None:
                     values[name] = getattr(workload, name)
-            if self.max_time is None and self.max_iterations is None:
+            if self.max_time is None and self.max_iterations is None and self.epochs is None:
                 values["max_time"] = self.DEFAULT_MAX_TIME
         values["label"] = self.label or self.protocol
         return RunConfig(**values)

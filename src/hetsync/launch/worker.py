@@ -6,7 +6,9 @@ Run as `python -m hetsync.launch.worker` by the launcher, or under torchrun thro
 
 from __future__ import annotations
 
+import itertools
 import os
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ from torch import nn
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
+from hetsync.data import DynamicSampler
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import (
     ENV_RESUME_AT,
@@ -46,24 +49,33 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         momentum=config.momentum if config.momentum is not None else workload.momentum,
         fused=True,  # one pass over the model, not three: mlp-wide's step 8 -> 5 ms on one core
     )
-    # Gathered before the run's clock starts (in SyncOptimizer), not in the first step: a
-    # worker alone gathers Fashion-MNIST's 188 MB in 0.5 s of CPU, 2.2 s at a quarter core,
-    # and Hop's staleness bound made a quarter-core straggler's neighbours wait for it.
-    local = shard.take(data.train_x, data.train_y)
-    del data  # the whole set: the shard is all this worker reads
+    if config.sampler == "dynamic":  # any sample may come to this worker: it keeps them all
+        batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = _dealt(
+            data.train_x, data.train_y, batch_size, config.seed, config.epochs)
+    else:
+        # Gathered before the run's clock starts (in SyncOptimizer), not in the first step: a
+        # worker alone gathers Fashion-MNIST's 188 MB in 0.5 s of CPU, 2.2 s at a quarter
+        # core, and Hop's staleness bound made a quarter-core straggler's neighbours wait.
+        local = shard.take(data.train_x, data.train_y)
+    del data  # static: the shard is all this worker reads (dynamic: _dealt keeps the set)
     opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
     if _lost_before_resume(runtime):
         os._exit(0)  # leave at once, as a lost worker left: no steps, rows or snapshots
     epoch, batch = _resume(opt, model) if ENV_RESUME_AT in os.environ else (0, 0)
-    batches = local.batches(batch_size, epoch, batch)
-    drawn = epoch * shard.batches_per_epoch(batch_size) + batch
+    per_epoch = shard.batches_per_epoch(batch_size)
+    drawn = epoch * per_epoch + batch
+    if config.sampler == "static":
+        batches = itertools.islice(local.batches(batch_size, epoch, batch), None
+                                   if config.epochs is None else config.epochs * per_epoch - drawn)
     checkpoints = None
     if config.checkpoint_every is not None and runtime.run_dir is not None:
         checkpoints = Checkpointer(runtime.run_dir, runtime.rank, config.checkpoint_every,
                                    runtime.elapsed())
     faults = FaultPlan(parse_faults(config.fault))  # --fault's raise and hang (kill, stop:
     while not opt.should_stop:                      # the launcher's)
-        x, y = next(batches)
+        x, y = next(batches, (None, None))
+        if x is None or y is None:  # --epochs ran out
+            break
         drawn += 1
         opt.zero_grad()
         loss = workload.loss(opt.model(x.to(runtime.device)), y.to(runtime.device))
@@ -77,6 +89,20 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
             checkpoints.write(_checkpoint(opt, model, shard.position(drawn, batch_size)), elapsed)
     opt.close()
     return opt
+
+
+def _dealt(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+           epochs: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of (x, y) as `DynamicSampler` deals them to this worker, epoch after epoch
+    (`epochs` of them, or endless): whole batches only, as a static shard's, so that every
+    step costs the same (the epoch's last partial batch is dropped)."""
+    sampler = DynamicSampler(range(len(y)), seed=seed, drop_last=True, batch_size=batch_size,
+                             name="train")
+    for epoch in range(epochs) if epochs is not None else itertools.count():
+        sampler.set_epoch(epoch)
+        indices = iter(sampler)
+        while len(take := list(itertools.islice(indices, batch_size))) == batch_size:
+            yield x[take], y[take]
 
 
 def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int]) -> dict[str, Any]:
