@@ -127,14 +127,22 @@ def test_state_dict_loads_into_a_plain_optimizer_and_back():
     assert sync.param_groups[0]["lr"] == 0.1
 
 
-def test_step_after_the_stop_is_refused_and_no_iteration_begins():
+def test_step_after_the_stop_ends_the_script_cleanly_and_no_iteration_begins(capsys):
+    """A loop that never reads `should_stop` ends at its next step: a SystemExit with status
+    0 (no traceback, and a script's `except Exception` does not swallow it), said in one line."""
     model = _model()
     _, sync = hetsync.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     sync.request_stop()
     _train(sync, model, 1)
     assert sync.should_stop and sync.stop_reason == "script"
-    with pytest.raises(RuntimeError, match="after the run stopped"):
+    with pytest.raises(hetsync.RunStopped) as stopped:
         _train(sync, model, 1)
+    assert isinstance(stopped.value, SystemExit) and not isinstance(stopped.value, Exception)
+    assert stopped.value.code == 0 and stopped.value.reason == "script"
+    assert sync.iteration == 1
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "the run stopped (script) after iteration 1" in said[0]
+    sync.close()
 
 
 def test_the_compute_step_is_the_users_not_the_protocols_begin_iteration():
