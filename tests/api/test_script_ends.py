@@ -63,3 +63,13 @@ def test_a_stop_the_user_asked_for_ends_a_plain_loop_cleanly(protocol, options, 
     for rank in range(2):  # what it wrote up to its last step is there; after the loop: none
         assert int((out / f"last_rank{rank}.txt").read_text()) == summary["iterations"][rank]
         assert not (out / f"after_rank{rank}.txt").exists()
+
+
+def test_a_script_that_never_prepares_is_told_it_did_not_synchronise(tmp_path, capsys):
+    script = Path(__file__).parents[1] / "launch" / "scripts" / "unprepared.py"
+    run(RunConfig(workers=2, script=[str(script)], out=tmp_path / "run", quiet=True,
+                  device="cpu"))
+    said = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert said == ["hetsync: warning: worker ranks 0, 1 ended without calling "
+                    "hetsync.prepare(model, optimizer): the script trained without "
+                    "synchronising, and the run measured nothing"]

@@ -193,6 +193,7 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
             bar.close()
     if evaluation is not None:
         _finish_evaluation(evaluation, placement)
+    _warn_unprepared(monitor)
     reasons = [_stop_reason(control, r) for r in range(config.workers) if r not in monitor.lost]
     summary = {**summarize(run_dir, config, next((r for r in reasons if r), None)), **extra}
     write_summary(run_dir, summary)
@@ -433,6 +434,19 @@ def _update_bar(
         postfix["loss"] = f"{evaluation.evaluator.latest_loss:.3f}"
     bar.set_postfix(postfix, refresh=False)
     bar.refresh()
+
+
+def _warn_unprepared(monitor: Monitor) -> None:
+    """A script that joined the run but trained with its own optimizer (`hetsync.prepare`
+    never called) ends cleanly with nothing measured: say so, rather than a silent 0.0 s."""
+    phases = monitor.progress().phases
+    never = [r for r, phase in enumerate(phases) if phase == "starting" and r not in monitor.lost]
+    if never:
+        ranks = ", ".join(map(str, never))
+        tqdm.write(f"hetsync: warning: worker rank{'s' if len(never) > 1 else ''} {ranks} "
+                   f"ended without calling hetsync.prepare(model, optimizer): the script "
+                   f"trained without synchronising, and the run measured nothing",
+                   file=sys.stderr)
 
 
 def _stop_reason(control: dist.Store, rank: int) -> str | None:
