@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import fields
 from pathlib import Path
 
+from hetsync.bench.epochs import epoch_table, goal_lines
 from hetsync.bench.markdown import headline_lines, setting_table, write_markdown
 from hetsync.bench.results import collect, write_results
 from hetsync.bench.runner import BenchOptions, PlannedRun, plan, run_suite
@@ -51,8 +52,11 @@ def _write(options: BenchOptions, runs: list[PlannedRun], out: Path) -> Path:
         report = write_markdown(results, runs, out, command_line(options, out))
     print()
     for setting in results["settings"]:
+        if results["epochs"] and setting["reference"]:
+            continue
         print(f"{setting['name']} ({setting['workers']} workers, slowdown {setting['slowdown']})")
-        print(setting_table(setting))
-    print("\n".join(headline_lines(results)).replace("**", ""))
+        print(epoch_table(setting) if results["epochs"] else setting_table(setting))
+    lines = goal_lines(results) if results["epochs"] else headline_lines(results)
+    print("\n".join(lines).replace("**", ""))
     print(f"\nresults: {out / 'results.json'}\nreport:  {report}")
     return report

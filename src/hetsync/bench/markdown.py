@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hetsync.bench.epochs import epoch_lines, goal_lines
 from hetsync.bench.plots import plot_speedups
 from hetsync.bench.regime_map import plot_regime_map, regime_cells
 from hetsync.bench.results import speedup
@@ -221,6 +222,8 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
                    command: str) -> Path:
     """Write out/results.md (and its plots under out/plots/); return its path."""
     (out / "plots").mkdir(parents=True, exist_ok=True)
+    if results.get("epochs"):
+        return _write_epochs(results, runs, out, command)
     o = results["options"]
     targets = {s["workload"]: row["target_loss"] for s in results["settings"]
                for row in s["results"] if row["target_loss"] is not None}
@@ -272,6 +275,29 @@ def write_markdown(results: dict[str, Any], runs: list[PlannedRun], out: Path,
             # says what per-run figures would, which would take minutes to draw.
             *([] if results.get("simulated") else _run_figures(setting, runs, out)),
         ]
+    path = out / "results.md"
+    path.write_text("\n".join(sections), encoding="utf-8")
+    return path
+
+
+def _write_epochs(results: dict[str, Any], runs: list[PlannedRun], out: Path,
+                  command: str) -> Path:
+    """An epochs suite's results.md: the goals, then per setting its table and figure."""
+    o = results["options"]
+    sections = [
+        f"# hetsync bench: suite `{results['suite']}`\n",
+        f"Suite: {results['description']}. Regenerate with `{command}`.\n",
+        f"{results['epochs']} epochs per run (at most {results['max_time_s']:g} s), "
+        f"{o['repeats']} repeat(s) (seeds {o['seed']}..{o['seed'] + o['repeats'] - 1}; medians "
+        f"shown, the range over repeats in brackets), {results['runs_done']} of "
+        f"{results['runs_total']} runs done. Wall time: the run's, to the end of its epochs "
+        "(summary.json `wall_time_s`); the ideal: the epochs' whole batches at the sum of the "
+        "workers' rates alone; speed-ups: wall-time ratios; \"time vs its static\": a "
+        "dynamic row's wall time over its protocol's with the static sampler.\n",
+        "## Goals\n", "\n".join(goal_lines(results)) + "\n",
+        *legend_lines(runs),
+        *epoch_lines(results, runs, out),
+    ]
     path = out / "results.md"
     path.write_text("\n".join(sections), encoding="utf-8")
     return path

@@ -16,6 +16,7 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from hetsync.bench.epochs import epoch_figures
 from hetsync.bench.runner import FAILED_FILE, BenchOptions, PlannedRun
 from hetsync.bench.suites import Setting, Suite, Variant
 from hetsync.metrics import strict_json
@@ -230,6 +231,8 @@ def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],
                 for s in suite.settings]
     if suite.real:
         real_ideals(suite, settings)
+    if suite.epochs is not None:
+        epoch_figures(suite, settings, runs)
     return {
         "suite": suite.name,
         "description": suite.description,
@@ -237,6 +240,7 @@ def collect(suite: Suite, options: BenchOptions, runs: list[PlannedRun],
         "max_time_s": runs[0].config.max_time if runs else None,
         "simulated": options.simulate or suite.simulated,
         "real": suite.real,
+        "epochs": suite.epochs,
         "runs_done": sum(r.done for r in runs),
         "runs_total": len(runs),
         "headline": [h for h in map(headline, (s for s in settings if not s["reference"]))

@@ -16,7 +16,7 @@ from hetsync.protocols.catalog import BUILTIN, SIMULATED, all_variants
 from hetsync.protocols.prague.variants import OVERLAPPED
 
 __all__ = [
-    "EVERY_PROTOCOL", "GPU", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
+    "EPOCHS", "EVERY_PROTOCOL", "GPU", "HEADLINE", "SMOKE", "SUITES", "Setting", "Suite", "Variant",
     "describe_suites", "eval_every", "get_suite",
 ]
 
@@ -60,6 +60,9 @@ class Setting:
     side_by_side: bool = False
     """A reference run of `workers` worlds of one at once, each pinned as its rank is in the
     protocols' runs (hetsync.bench.side_by_side): what the machine lets n computes do."""
+    options: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    """Options this setting's runs get beyond the suite's (`pin` for real compute beside
+    emulated settings that have more workers than cores)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class Suite:
     """The workload the suite was made for, unless --workload says otherwise; None: cnn."""
     run_options: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Options every run gets (`device`: where the workers' models live)."""
+    epochs: int | None = None
+    """Every run trains this many epochs of the data (`--epochs`) and is measured by its wall
+    time to their end (hetsync.bench.epochs), not by a time to target."""
 
     def variants_of(self, setting: Setting) -> tuple[Variant, ...]:
         return setting.variants if setting.variants is not None else self.variants
@@ -327,6 +333,52 @@ REAL_SMALL = Suite(
 )
 
 
+#: The epochs suite's N: epochs of digits' 93 whole batches.
+EPOCHS_N = 5
+
+
+def _samplers(variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
+    """Each variant twice: with DistributedSampler's fixed shares and with the data dealt as
+    the workers ask (`--sampler`)."""
+    return tuple(Variant(f"{v.label} {sampler}", MappingProxyType({**v.options,
+                                                                   "sampler": sampler}), v.about)
+                 for v in variants for sampler in ("static", "dynamic"))
+
+
+_PINNED = MappingProxyType({"pin": True})
+
+
+def _epoch_settings() -> tuple[Setting, ...]:
+    """Emulated compute on 4 workers (one 4x slow: the ideal from the step times), then real
+    compute on 2 pinned workers (one at a quarter core: the ideal from the solo runs)."""
+    emulated = {"workers": 4, "step_time": 50.0, "workload": "digits"}
+    real = {"step_time": 0.0, "workload": "digits", "options": _PINNED}
+    pairs = _samplers(_families(prague=(_pairs("prague", OVERLAPPED.format("ready pairs")),),
+                                hop=("hop-stale-skip",)))
+    solo = Variant.of("solo", "one worker alone, pinned as the others: the ideal's unit",
+                      protocol="allreduce", sampler="static")
+    return (
+        Setting("homogeneous", **emulated),
+        Setting("rank 3 4x slow", "deterministic:ranks=3,factor=4", **emulated),
+        Setting("solo · real", workers=1, variants=(solo,), reference=True, **real),
+        Setting(f"solo at share {SHARE:g} · real", f"cpu:ranks=0,share={SHARE:g}", workers=1,
+                variants=(solo,), reference=True, **real),
+        Setting("homogeneous · real", workers=2, variants=pairs, **real),
+        Setting(f"rank 1 at share {SHARE:g} · real", f"cpu:ranks=1,share={SHARE:g}",
+                workers=2, variants=pairs, **real),
+    )
+
+
+EPOCHS = Suite(
+    "epochs", f"{EPOCHS_N} epochs of digits, every family's default with the static and the "
+    "dynamic sampler: 4 workers (50 ms emulated steps) homogeneous and with rank 3 4x slow, "
+    f"2 pinned workers of real compute homogeneous and with rank 1 at a {SHARE:g} CPU share",
+    _epoch_settings(), _samplers(_families()), max_time=120.0, workload="digits",
+    run_options=MappingProxyType({"stop_at_target": False, "device": "cpu", "eval_every": 1.0}),
+    epochs=EPOCHS_N,
+)
+
+
 def one_slow_per_16(workers: int) -> str:
     """One worker in every 16 five times slower (ranks 3, 19, 35, ...)."""
     return f"deterministic:ranks={'+'.join(map(str, range(3, workers, 16)))},factor=5"
@@ -376,7 +428,7 @@ GPU = Suite(
 )
 SUITES = {suite.name: suite for suite in
           [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM, GPU,
-           REAL, REAL_SMALL]}
+           REAL, REAL_SMALL, EPOCHS]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
