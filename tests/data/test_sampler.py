@@ -17,6 +17,7 @@ from hetsync.config import RunConfig
 from hetsync.data import DynamicSampler, deal
 from hetsync.errors import ConfigError
 from hetsync.protocols.registry import get_protocol
+from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
 
 DATA = list(range(1000))
 
@@ -207,3 +208,41 @@ def test_a_world_of_one_gets_all_the_data():
             lambda: DynamicSampler(DATA, num_replicas=4))
     finally:
         hetsync.shutdown()
+
+
+def _lost_after(store: dist.Store, items: int, world: int = 2) -> tuple[list[int],
+                                                                        list[DynamicSampler]]:
+    """Rank 1 takes `items` items and is then lost (its loop never resumes), marked lost in
+    the store by hand as the launcher marks it; returns what it took, and the survivors."""
+    lost = LostWorkers(store, world, confirm_timeout=1.0)
+    taken = iter(_sampler(store, 1, world, chunk=10, lost=lost))
+    got = [next(taken) for _ in range(items)]
+    store.set(LOST_KEY, "1")
+    return got, [_sampler(store, rank, world, chunk=10, lost=lost)
+                 for rank in range(world) if rank != 1]
+
+
+@pytest.mark.parametrize("store", ["hash", "tcp"])
+def test_a_lost_workers_unfinished_claim_is_dealt_again_and_every_sample_once(store):
+    if store == "hash":
+        shared: dist.Store = dist.HashStore()
+    else:
+        shared = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    got, [survivor] = _lost_after(shared, 15)  # its first claim done, 5 of its second taken
+    finished = got[:10]  # the claim it had moved past: trained on
+    dealt = list(survivor)
+    assert sorted(finished + dealt) == DATA  # every sample exactly once
+    assert survivor.redealt == 10  # the open claim, whole: its first 5 items taken again
+    assert len(set(got[10:]) & set(dealt)) == 5
+
+
+def test_a_claim_is_taken_over_once_and_a_finished_epoch_leaves_none():
+    store = dist.HashStore()
+    _, survivors = _lost_after(store, 3, world=3)
+    assert sum(len(list(s)) for s in survivors) == 1000  # rank 1's claim went to one of them
+    assert sorted(s.redealt for s in survivors) == [0, 10]
+    store = dist.HashStore()  # a worker lost after its epoch's end held no claim
+    goner = _sampler(store, 1, chunk=10, lost=LostWorkers(store, 2, confirm_timeout=1.0))
+    assert len(list(goner)) == 1000
+    store.set(LOST_KEY, "1")
+    assert list(_sampler(store, 0, chunk=10, lost=LostWorkers(store, 2, 1.0))) == []

@@ -10,6 +10,15 @@ Generator, the asynchronous parameter server); under the lock-step ones (All-Red
 D-PSGD, ...) a worker that ran out would leave the others waiting in a collective, so they
 get `DistributedSampler`'s fixed equal shares (docs/protocols.md, "Epochs").
 
+A worker the run loses (`--on-failure continue`) may hold a claim it had not finished: where
+workers may be lost, each records its claim in hand beside the counter (`<key>/open/<rank>`),
+and a worker that finds the epoch used up takes over a lost rank's recorded claim (an atomic
+`compare_set`, so one taker only) and deals it to itself whole: every item of the epoch is
+dealt once among the survivors' claims and the lost worker's finished ones, the items of
+the open claim it had already taken (up to a claim less one) taken again. A claim is lost
+with its worker only where the worker died between the claim's `add` and its record (one
+store round trip), or where the others had ended the epoch before the loss was declared.
+
 A counter's key names the sampler (by default the order in which the script built it, the
 same on every worker), the epoch, how many times the sampler was iterated within it (a loop
 that never calls `set_epoch` still deals each pass afresh) and torchrun's restart count; a
@@ -29,6 +38,7 @@ from torch.utils.data import Sampler
 from hetsync.data.dealing import checked_epoch_size, claimed, equal_share
 from hetsync.errors import ConfigError
 from hetsync.protocols.registry import get_protocol
+from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.runtime import Runtime, current_runtime
 
 __all__ = ["DEFAULT_CHUNK", "DynamicSampler", "deal"]
@@ -44,9 +54,11 @@ class _Dealer:
     """One worker's side of the dealing: its world, and the store it claims from."""
 
     def __init__(self, what: str, num_replicas: int | None, rank: int | None,
-                 equal_shares: bool | None, store: dist.Store | None) -> None:
+                 equal_shares: bool | None, store: dist.Store | None,
+                 lost: LostWorkers | None = None) -> None:
         self.what = what
         runtime = _runtime()
+        self.lost = lost
         if store is not None:
             if num_replicas is None or rank is None:
                 raise ConfigError(f"{what}: a store given by hand needs num_replicas and rank")
@@ -59,6 +71,7 @@ class _Dealer:
                     raise ConfigError(f"{what}: {name}={given} disagrees with the run's "
                                       f"({own}): leave it out, the run says it")
             self.world, self.rank, self.store = runtime.world_size, runtime.rank, runtime.store
+            self.lost = runtime.lost
             self.equal = (not get_protocol(runtime.config.protocol).ends_alone(runtime.config)
                           if equal_shares is None else equal_shares)
         elif (num_replicas or 1) == 1 and not rank:
@@ -88,7 +101,11 @@ class _Dealer:
                                "give the sampler to DataLoader(sampler=...), which iterates it "
                                "in the main process")
         size = checked_epoch_size(self.what, size, None, chunk, drop_last)
-        while taken := claimed(self.store.add(key, chunk), chunk, size):
+        mine = f"{key}/open/{self.rank}"
+        while taken := (claimed(self.store.add(key, chunk), chunk, size)
+                        or self._take_over(key, chunk, size, tally)):
+            if self.lost is not None:
+                self.store.set(mine, str(taken.start))  # in hand: another takes it if I am lost
             tally["dealt"] += len(taken)
             left = len(taken)
             try:
@@ -97,6 +114,28 @@ class _Dealer:
                     yield order[position]
             finally:
                 tally["unused"] += left
+        if self.lost is not None:
+            self.store.set(mine, "")  # none in hand: the epoch ended here
+
+    def _take_over(self, key: str, chunk: int, size: int, tally: dict[str, int]) -> range:
+        """A lost rank's claim in hand, now this worker's (empty if there is none): the
+        record swapped for this rank's mark in one `compare_set`, so that one worker takes
+        it."""
+        if self.lost is None:
+            return range(0)
+        for rank in sorted(self.lost.refresh() - {self.rank}):
+            theirs = f"{key}/open/{rank}"
+            if not self.store.check([theirs]):
+                continue  # lost before its first claim of the epoch
+            start = self.store.get(theirs).decode()
+            if not start.isdigit():
+                continue  # it had ended the epoch, or another worker took its claim
+            mark = f"taken by {self.rank}"
+            if self.store.compare_set(theirs, start, mark).decode() == mark:
+                taken = range(int(start), min(int(start) + chunk, size))
+                tally["redealt"] += len(taken)
+                return taken
+        return range(0)
 
 
 class DynamicSampler(Sampler[int]):
@@ -112,7 +151,9 @@ class DynamicSampler(Sampler[int]):
     `DEFAULT_CHUNK`): a slow worker's last claim is what the others may wait for at the end,
     and each claim costs one store round trip; `name`, the counter's (default: the order of
     construction); `equal_shares` (default: from the run's protocol, see the module);
-    `store`, to deal from a store of one's own (then `num_replicas` and `rank` too).
+    `store`, to deal from a store of one's own (then `num_replicas` and `rank` too), and
+    `lost`, the ranks lost from its run (in a run, the run's): their unfinished claims are
+    dealt again (see the module).
 
     `len()` is the equal share, ceil(len(dataset) / num_replicas): under dynamic dealing a
     worker's epoch may be longer or shorter (a schedule sized from `len(loader)`, such as
@@ -127,17 +168,17 @@ class DynamicSampler(Sampler[int]):
                  shuffle: bool = True, seed: int = 0, drop_last: bool = False, *,
                  batch_size: int | None = None, chunk: int | None = None,
                  name: str | None = None, equal_shares: bool | None = None,
-                 store: dist.Store | None = None) -> None:
+                 store: dist.Store | None = None, lost: LostWorkers | None = None) -> None:
         self.dataset, self.shuffle, self.seed, self.drop_last = dataset, shuffle, seed, drop_last
         self.chunk = chunk if chunk is not None else batch_size or DEFAULT_CHUNK
         self.name = name if name is not None else f"sampler{next(_BUILT)}"
-        self._dealer = _Dealer("DynamicSampler", num_replicas, rank, equal_shares, store)
+        self._dealer = _Dealer("DynamicSampler", num_replicas, rank, equal_shares, store, lost)
         self.num_replicas, self.rank = self._dealer.world, self._dealer.rank
         self.equal_shares = self._dealer.equal
         checked_epoch_size("DynamicSampler", len(dataset), batch_size, self.chunk, drop_last)
         self.epoch = 0
         self._passes = 0  # iterations since the last set_epoch
-        self._tally = {"dealt": 0, "unused": 0}
+        self._tally = {"dealt": 0, "unused": 0, "redealt": 0}
 
     @property
     def dealt(self) -> int:
@@ -146,6 +187,11 @@ class DynamicSampler(Sampler[int]):
     @property
     def unused(self) -> int:
         return self._tally["unused"]
+
+    @property
+    def redealt(self) -> int:
+        """Items of lost workers' unfinished claims dealt to this one (counted in `dealt`)."""
+        return self._tally["redealt"]
 
     def set_epoch(self, epoch: int) -> None:
         """Deal epoch `epoch` next (its order, and its counter)."""
@@ -171,7 +217,7 @@ class DynamicSampler(Sampler[int]):
 def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int = 0,
          chunk: int = 1, name: str = "deal", equal_shares: bool | None = None,
          num_replicas: int | None = None, rank: int | None = None,
-         store: dist.Store | None = None) -> Iterator[int]:
+         store: dist.Store | None = None, lost: LostWorkers | None = None) -> Iterator[int]:
     """Batch numbers 0..num_batches-1 of `epoch`, dealt as `DynamicSampler` deals samples,
     for a script that slices its own stream: `for i in deal(n, epoch=e): x = data[i * b:]...`.
 
@@ -181,7 +227,7 @@ def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int =
     RNN's hidden state) meets consecutive batches. Each call of the same `name` and `epoch`
     deals a new pass.
     """
-    dealer = _Dealer("deal", num_replicas, rank, equal_shares, store)
+    dealer = _Dealer("deal", num_replicas, rank, equal_shares, store, lost)
     checked_epoch_size("deal", num_batches, None, chunk, False)
     order = (torch.randperm(num_batches, generator=torch.Generator().manual_seed(seed + epoch))
              .tolist() if shuffle else range(num_batches))
@@ -191,7 +237,7 @@ def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int =
     passes = _DEAL_PASSES.get((name, epoch, dealer.rank), 0)
     _DEAL_PASSES[(name, epoch, dealer.rank)] = passes + 1
     return dealer.items(order, chunk, False, _key(name, epoch, passes),
-                        {"dealt": 0, "unused": 0})
+                        {"dealt": 0, "unused": 0, "redealt": 0})
 
 
 def _key(name: str, epoch: int, passes: int) -> str:
