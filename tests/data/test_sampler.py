@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pytest
 import torch
@@ -246,3 +246,72 @@ def test_a_claim_is_taken_over_once_and_a_finished_epoch_leaves_none():
     assert len(list(goner)) == 1000
     store.set(LOST_KEY, "1")
     assert list(_sampler(store, 0, chunk=10, lost=LostWorkers(store, 2, 1.0))) == []
+
+
+def _take(sampler: DynamicSampler, items: Iterator[int] | None, count: int) -> tuple[
+        Iterator[int], list[int]]:
+    items = items if items is not None else iter(sampler)
+    return items, [next(items) for _ in range(count)]
+
+
+def test_a_resumed_epoch_goes_on_from_the_checkpoints_without_reuse():
+    """Two workers checkpoint mid-epoch (rank 0 inside a claim), train on, fail; resumed over
+    a new store from their checkpoints, they deal the rest of the epoch: with the
+    checkpoints' items every sample once, the claim in hand finished first."""
+    store = dist.HashStore()
+    fast, slow = _sampler(store, 0, chunk=10), _sampler(store, 1, chunk=10)
+    fast_items, before = _take(fast, None, 25)  # claims 0-10, 10-20, 20-30: 5 left in hand
+    _, got = _take(slow, None, 10)  # claim 30-40, taken whole
+    before += got
+    states = [fast.state_dict(), slow.state_dict()]
+    assert states[0]["in_hand"] == [25, 30] and states[0]["dealt"] == 40
+    _take(fast, fast_items, 20)  # trained on after the checkpoint: lost with the failure
+    resumed_store = dist.HashStore()  # a resumed run's own store
+    again = [_sampler(resumed_store, rank, chunk=10) for rank in (0, 1)]
+    for sampler, state in zip(again, states, strict=True):
+        sampler.load_state_dict(state)
+    first = iter(again[0])
+    in_hand = [next(first) for _ in range(5)]
+    order = torch.randperm(1000, generator=torch.Generator().manual_seed(0)).tolist()
+    assert in_hand == order[25:30]
+    after = in_hand + list(first) + list(again[1])
+    assert sorted(before + after) == DATA
+
+
+def test_a_resume_skips_only_what_was_claimed_between_the_checkpoints():
+    """Rank 1 checkpoints after rank 0 has claimed on: the counter goes on from the later
+    checkpoint's, so rank 0's claims between the two (trained on by a model the resume
+    rolled back) are skipped, and nothing is dealt twice."""
+    store = dist.HashStore()
+    fast, slow = _sampler(store, 0, chunk=10), _sampler(store, 1, chunk=10)
+    fast_items, before = _take(fast, None, 10)
+    _, got = _take(slow, None, 10)
+    before += got
+    fast_state = fast.state_dict()
+    _take(fast, fast_items, 30)  # three claims past its checkpoint ...
+    slow_state = slow.state_dict()  # ... before rank 1's
+    resumed_store = dist.HashStore()
+    again = [_sampler(resumed_store, rank, chunk=10) for rank in (0, 1)]
+    again[1].load_state_dict(slow_state)
+    again[0].load_state_dict(fast_state)  # its lower count does not lower the counter
+    after = list(again[0]) + list(again[1])
+    assert len(set(before + after)) == len(before + after) == 1000 - 30
+
+
+@pytest.mark.parametrize("equal", [True, False])
+def test_a_checkpoint_before_an_epoch_starts_resumes_it_whole(equal):
+    sampler = _sampler(dist.HashStore(), 0, equal_shares=equal)
+    list(sampler)
+    sampler.set_epoch(1)
+    state = sampler.state_dict()
+    again = _sampler(dist.HashStore(), 0, equal_shares=equal)
+    again.load_state_dict(state)
+    assert (again.epoch, len(list(again))) == (1, 500 if equal else 1000)
+
+
+def test_an_equal_share_resumes_at_its_place():
+    sampler = _sampler(dist.HashStore(), 1, equal_shares=True, shuffle=False)
+    _, taken = _take(sampler, None, 7)
+    again = _sampler(dist.HashStore(), 1, equal_shares=True, shuffle=False)
+    again.load_state_dict(sampler.state_dict())
+    assert taken + list(again) == list(range(1, 1000, 2))

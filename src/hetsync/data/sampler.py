@@ -30,6 +30,8 @@ from __future__ import annotations
 import itertools
 import os
 from collections.abc import Iterator, Sequence, Sized
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,6 +50,17 @@ DEFAULT_CHUNK = 32
 _BUILT = itertools.count()  # samplers built in this process: each one's default name
 #: deal()'s passes over each (name, epoch) by this process's worker (a test's workers share one)
 _DEAL_PASSES: dict[tuple[str, int, int], int] = {}
+
+
+@dataclass
+class _Pass:
+    """Where a worker is in one pass over an epoch: what a checkpoint keeps of it."""
+
+    key: str
+    taken: int = 0
+    """Equal shares: the items of the share taken so far."""
+    in_hand: range = range(0)
+    """Dealt dynamically: the rest of the claim being taken (on resume: to take first)."""
 
 
 class _Dealer:
@@ -83,17 +96,20 @@ class _Dealer:
             raise ConfigError(f"{what}: rank {self.rank} is outside 0..{self.world - 1}")
         self.pid = os.getpid()
 
-    def items(self, order: Sequence[int], chunk: int, drop_last: bool, key: str,
+    def items(self, order: Sequence[int], chunk: int, drop_last: bool, at: _Pass,
               tally: dict[str, int]) -> Iterator[int]:
         """This worker's items of an epoch in `order`: its equal share, or what it claims
-        under `key`. `tally` counts the items it was dealt (`dealt`) and those of a claim its
-        consumer stopped taking before the end (`unused`: a loop cut short; a prefetching
-        DataLoader's pending batches are not seen here)."""
+        under `at.key`, going on from where `at` says (a resumed pass). `tally` counts the
+        items it was dealt (`dealt`) and those of a claim its consumer stopped taking before
+        the end (`unused`: a loop cut short; a prefetching DataLoader's pending batches are
+        not seen here); `at` follows the items taken."""
         size = len(order)
         if self.equal or self.world == 1:
-            share = equal_share(size, self.world, self.rank, drop_last)
+            share = equal_share(size, self.world, self.rank, drop_last)[at.taken:]
             tally["dealt"] += len(share)
-            yield from (order[position] for position in share)
+            for position in share:
+                at.taken += 1
+                yield order[position]
             return
         if os.getpid() != self.pid:
             raise RuntimeError(f"{self.what}: iterated in a forked process (a DataLoader "
@@ -101,23 +117,26 @@ class _Dealer:
                                "give the sampler to DataLoader(sampler=...), which iterates it "
                                "in the main process")
         size = checked_epoch_size(self.what, size, None, chunk, drop_last)
-        mine = f"{key}/open/{self.rank}"
-        while taken := (claimed(self.store.add(key, chunk), chunk, size)
-                        or self._take_over(key, chunk, size, tally)):
-            if self.lost is not None:
-                self.store.set(mine, str(taken.start))  # in hand: another takes it if I am lost
+        key, mine = at.key, f"{at.key}/open/{self.rank}"
+        resumed, at.in_hand = at.in_hand, range(0)
+        while taken := (resumed or claimed(self.store.add(key, chunk), chunk, size)
+                        or self._take_over(key, tally)):
+            resumed = range(0)
+            if self.lost is not None:  # in hand: another takes it if I am lost
+                self.store.set(mine, f"{taken.start}:{taken.stop}")
             tally["dealt"] += len(taken)
             left = len(taken)
             try:
                 for position in taken:
                     left -= 1
+                    at.in_hand = range(position + 1, taken.stop)
                     yield order[position]
             finally:
                 tally["unused"] += left
         if self.lost is not None:
             self.store.set(mine, "")  # none in hand: the epoch ended here
 
-    def _take_over(self, key: str, chunk: int, size: int, tally: dict[str, int]) -> range:
+    def _take_over(self, key: str, tally: dict[str, int]) -> range:
         """A lost rank's claim in hand, now this worker's (empty if there is none): the
         record swapped for this rank's mark in one `compare_set`, so that one worker takes
         it."""
@@ -127,14 +146,14 @@ class _Dealer:
             theirs = f"{key}/open/{rank}"
             if not self.store.check([theirs]):
                 continue  # lost before its first claim of the epoch
-            start = self.store.get(theirs).decode()
-            if not start.isdigit():
+            record = self.store.get(theirs).decode()
+            if ":" not in record:
                 continue  # it had ended the epoch, or another worker took its claim
             mark = f"taken by {self.rank}"
-            if self.store.compare_set(theirs, start, mark).decode() == mark:
-                taken = range(int(start), min(int(start) + chunk, size))
-                tally["redealt"] += len(taken)
-                return taken
+            if self.store.compare_set(theirs, record, mark).decode() == mark:
+                start, stop = map(int, record.split(":"))
+                tally["redealt"] += stop - start
+                return range(start, stop)
         return range(0)
 
 
@@ -178,6 +197,8 @@ class DynamicSampler(Sampler[int]):
         checked_epoch_size("DynamicSampler", len(dataset), batch_size, self.chunk, drop_last)
         self.epoch = 0
         self._passes = 0  # iterations since the last set_epoch
+        self._pass: _Pass | None = None  # the latest, for state_dict()
+        self._resumed: _Pass | None = None  # load_state_dict()'s, for the next __iter__
         self._tally = {"dealt": 0, "unused": 0, "redealt": 0}
 
     @property
@@ -211,7 +232,37 @@ class DynamicSampler(Sampler[int]):
             self.seed + self.epoch)).tolist() if self.shuffle else range(size))
         key = _key(self.name, self.epoch, self._passes)
         self._passes += 1
-        return self._dealer.items(order, self.chunk, self.drop_last, key, self._tally)
+        self._pass = (self._resumed if self._resumed is not None and self._resumed.key == key
+                      else _Pass(key))
+        self._resumed = None
+        return self._dealer.items(order, self.chunk, self.drop_last, self._pass, self._tally)
+
+    def state_dict(self) -> dict[str, Any]:
+        """How far this worker's latest pass was dealt, for a checkpoint: its epoch and pass,
+        the items it took of its equal share or the rest of the claim in hand, and how far
+        every worker had claimed the epoch (`dealt`, the counter's value now)."""
+        at = self._pass
+        dealt = (self._dealer.store.add(at.key, 0)
+                 if at is not None and not self.equal_shares and self._dealer.store else None)
+        return {"epoch": self.epoch, "passes": self._passes, "in_pass": at is not None
+                and at.key == _key(self.name, self.epoch, self._passes - 1),
+                "taken": at.taken if at else 0,
+                "in_hand": [at.in_hand.start, at.in_hand.stop] if at else [0, 0],
+                "dealt": dealt}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from a checkpoint's `state_dict()`: the next iteration resumes its pass (the
+        claim in hand first), and the epoch's counter is raised to the checkpoint's `dealt`
+        (every worker's resume raises it to the furthest of theirs, in `compare_set`s, before
+        any claims: load it before the run's first collective, as `hetsync train` does)."""
+        self.epoch, self._passes = state["epoch"], state["passes"]
+        if not state["in_pass"]:
+            return
+        self._passes -= 1
+        key = _key(self.name, self.epoch, self._passes)
+        self._resumed = _Pass(key, state["taken"], range(*state["in_hand"]))
+        if state["dealt"] is not None and self._dealer.store is not None:
+            _raise_to(self._dealer.store, key, state["dealt"])
 
 
 def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int = 0,
@@ -236,8 +287,15 @@ def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int =
         return (order[(dealer.rank * share + j) % num_batches] for j in range(share))
     passes = _DEAL_PASSES.get((name, epoch, dealer.rank), 0)
     _DEAL_PASSES[(name, epoch, dealer.rank)] = passes + 1
-    return dealer.items(order, chunk, False, _key(name, epoch, passes),
+    return dealer.items(order, chunk, False, _Pass(_key(name, epoch, passes)),
                         {"dealt": 0, "unused": 0, "redealt": 0})
+
+
+def _raise_to(store: dist.Store, key: str, value: int) -> None:
+    """Set the counter `key` to `value` unless it is there or past it already."""
+    while (now := store.add(key, 0)) < value:
+        if store.compare_set(key, str(now), str(value)).decode() == str(value):
+            return
 
 
 def _key(name: str, epoch: int, passes: int) -> str:
