@@ -260,9 +260,6 @@ class RunConfig(_RunOptions):
                 raise ConfigError(f"{flag(name)} sets the built-in workloads' data; a script "
                                   "deals its own (hetsync.data.DynamicSampler, see "
                                   "docs/protocols.md)")
-        if self.checkpoint_every is not None and self.sampler == "dynamic":
-            raise ConfigError("--checkpoint-every with --sampler dynamic: a resumed run cannot "
-                              "yet tell how far each epoch was dealt (not done)")
         if self.checkpoint_every is not None and self.script:
             raise ConfigError("--checkpoint-every checkpoints the built-in workloads' training; "
                               "a script checkpoints itself (SyncOptimizer.state_dict(), see "

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+import torch
+
+from hetsync.config import RunConfig
+from hetsync.errors import WorkerFailed
+from hetsync.launch.checkpoint import checkpoint_path, resume_config
+from hetsync.launch.launcher import run
 from hetsync.workloads import get_workload
 
 pytestmark = pytest.mark.integration
@@ -29,3 +36,26 @@ def test_the_fast_worker_takes_more_of_the_epoch(train_run):
 @pytest.mark.slow
 def test_a_lock_step_protocol_gets_equal_shares_and_ends(train_run):
     assert _epoch(train_run, "allreduce") == [1497 // 2 // 16] * 2
+
+
+@pytest.mark.slow
+def test_a_killed_dynamic_run_resumes_without_reusing_a_batch(tmp_path):
+    """Killed in its second epoch and resumed from its workers' checkpoints, a run of 2
+    epochs of dealt data trains at most their 2 x 93 batches in all (none dealt twice),
+    short of them only by what a worker drew after its checkpoint where another's is later
+    (its model rolled back, the epoch's counter on from the latest checkpoint's)."""
+    out = tmp_path / "run"
+    with pytest.raises(WorkerFailed):
+        run(RunConfig(protocol="adpsgd", workload="digits", workers=2, epochs=2,
+                      sampler="dynamic", step_time=20.0, stop_at_target=False,
+                      slowdown="deterministic:ranks=1,factor=4", checkpoint_every=0.5,
+                      quiet=True, out=out, fault="raise:rank=0,at=90"))
+    drawn = [i + 1 for i in json.loads((out / "summary.json").read_text())["iterations"]]
+    saved = [torch.load(checkpoint_path(out, r), weights_only=False) for r in range(2)]
+    assert all(s["data"]["sampler"]["dealt"] for s in saved)
+    latest = max(s["t"] for s in saved)
+    since = sum(d - s["iteration"] for d, s in zip(drawn, saved, strict=True)
+                if s["t"] < latest)  # the batches a rolled-back worker drew (one in flight)
+    result = run(resume_config(out, {}), resume=True)
+    assert result.summary["stop_reason"].startswith("loop ended")
+    assert 0 <= 2 * BATCHES - sum(result.summary["iterations"]) <= since

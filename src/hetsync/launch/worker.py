@@ -49,9 +49,16 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         momentum=config.momentum if config.momentum is not None else workload.momentum,
         fused=True,  # one pass over the model, not three: mlp-wide's step 8 -> 5 ms on one core
     )
+    lost = _lost_before_resume(runtime)
+    saved = _saved(runtime) if ENV_RESUME_AT in os.environ and not lost else None
+    sampler = None
     if config.sampler == "dynamic":  # any sample may come to this worker: it keeps them all
+        sampler = DynamicSampler(range(len(data.train_y)), seed=config.seed, drop_last=True,
+                                 batch_size=batch_size, name="train")
+        if saved is not None:  # before the optimizer's collectives: every worker's counters
+            sampler.load_state_dict(saved["data"]["sampler"])  # raised before anyone claims
         batches: Iterator[tuple[torch.Tensor, torch.Tensor]] = _dealt(
-            data.train_x, data.train_y, batch_size, config.seed, config.epochs)
+            data.train_x, data.train_y, batch_size, sampler, config.epochs)
     else:
         # Gathered before the run's clock starts (in SyncOptimizer), not in the first step: a
         # worker alone gathers Fashion-MNIST's 188 MB in 0.5 s of CPU, 2.2 s at a quarter
@@ -59,9 +66,9 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         local = shard.take(data.train_x, data.train_y)
     del data  # static: the shard is all this worker reads (dynamic: _dealt keeps the set)
     opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
-    if _lost_before_resume(runtime):
+    if lost:
         os._exit(0)  # leave at once, as a lost worker left: no steps, rows or snapshots
-    epoch, batch = _resume(opt, model) if ENV_RESUME_AT in os.environ else (0, 0)
+    epoch, batch = _resume(opt, model, saved) if saved is not None else (0, 0)
     per_epoch = shard.batches_per_epoch(batch_size)
     drawn = epoch * per_epoch + batch
     if config.sampler == "static":
@@ -86,27 +93,30 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
         opt.step(loss=loss)
         elapsed = runtime.elapsed()
         if checkpoints is not None and not opt.should_stop and checkpoints.due(elapsed):
-            checkpoints.write(_checkpoint(opt, model, shard.position(drawn, batch_size)), elapsed)
+            checkpoints.write(_checkpoint(opt, model, shard.position(drawn, batch_size),
+                                          sampler), elapsed)
     opt.close()
     return opt
 
 
-def _dealt(x: torch.Tensor, y: torch.Tensor, batch_size: int, seed: int,
+def _dealt(x: torch.Tensor, y: torch.Tensor, batch_size: int, sampler: DynamicSampler,
            epochs: int | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Batches of (x, y) as `DynamicSampler` deals them to this worker, epoch after epoch
-    (`epochs` of them, or endless): whole batches only, as a static shard's, so that every
-    step costs the same (the epoch's last partial batch is dropped)."""
-    sampler = DynamicSampler(range(len(y)), seed=seed, drop_last=True, batch_size=batch_size,
-                             name="train")
-    for epoch in range(epochs) if epochs is not None else itertools.count():
-        sampler.set_epoch(epoch)
+    """Batches of (x, y) as `sampler` deals them to this worker, epoch after epoch from its
+    own (`epochs` of them, or endless): whole batches only (its `drop_last`), as a static
+    shard's, so that every step costs the same."""
+    first = sampler.epoch  # a resumed one goes on within its pass
+    for epoch in range(first, epochs) if epochs is not None else itertools.count(first):
+        if epoch != sampler.epoch:
+            sampler.set_epoch(epoch)
         indices = iter(sampler)
         while len(take := list(itertools.islice(indices, batch_size))) == batch_size:
             yield x[take], y[take]
 
 
-def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int]) -> dict[str, Any]:
-    """What `_resume` needs to go on from this iteration boundary."""
+def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int],
+                sampler: DynamicSampler | None) -> dict[str, Any]:
+    """What `_resume` needs to go on from this iteration boundary (with `--sampler dynamic`,
+    how far the epoch was dealt)."""
     optimizer = opt.state_dict()
     with opt.protocol.model_lock():  # a copy no other thread writes into meanwhile (AD-PSGD)
         state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
@@ -115,7 +125,8 @@ def _checkpoint(opt: SyncOptimizer, model: nn.Module, position: tuple[int, int])
         "t": optimizer["hetsync"]["elapsed"],
         "model": state,
         "optimizer": optimizer,
-        "data": {"epoch": position[0], "batch": position[1]},
+        "data": {"epoch": position[0], "batch": position[1],
+                 "sampler": sampler.state_dict() if sampler is not None else None},
         "rng": torch.get_rng_state(),
     }
 
@@ -130,16 +141,19 @@ def _lost_before_resume(runtime: Runtime) -> bool:
             and str(runtime.rank) in store.get(LOST_KEY).decode().split(","))
 
 
-def _resume(opt: SyncOptimizer, model: nn.Module) -> tuple[int, int]:
-    """Load this worker's checkpoint; every worker goes on at the launcher's run time, its
-    steps counted from the launcher's common base (hetsync.launch.checkpoint). Returns the
-    data position to go on from."""
-    runtime = opt.runtime
+def _saved(runtime: Runtime) -> dict[str, Any]:
+    """This worker's checkpoint, on the host: the loads in `_resume` move each tensor where it
+    belongs (the optimizer keeps a non-capturable Adam's `step` on the CPU, where each step
+    reads it without a GPU sync)."""
     assert runtime.run_dir is not None
-    # On the host: the loads below move each tensor where it belongs (the optimizer keeps a
-    # non-capturable Adam's `step` on the CPU, where each step reads it without a GPU sync).
-    saved = torch.load(checkpoint_path(runtime.run_dir, runtime.rank), weights_only=False,
-                       map_location="cpu")
+    return torch.load(checkpoint_path(runtime.run_dir, runtime.rank), weights_only=False,
+                      map_location="cpu")
+
+
+def _resume(opt: SyncOptimizer, model: nn.Module, saved: dict[str, Any]) -> tuple[int, int]:
+    """Load this worker's checkpoint `saved`; every worker goes on at the launcher's run time,
+    its steps counted from the launcher's common base (hetsync.launch.checkpoint). Returns
+    the data position to go on from."""
     model.load_state_dict(saved["model"])
     saved["optimizer"]["hetsync"]["elapsed"] = float(os.environ[ENV_RESUME_AT])
     saved["optimizer"]["hetsync"]["base"] = int(os.environ[ENV_RESUME_BASE])
