@@ -19,6 +19,11 @@ the open claim it had already taken (up to a claim less one) taken again. A clai
 with its worker only where the worker died between the claim's `add` and its record (one
 store round trip), or where the others had ended the epoch before the loss was declared.
 
+A checkpoint keeps `DynamicSampler.state_dict()`: the pass, the rest of the claim in hand and
+the epoch's counter. A resume takes that claim first and raises the counter to the furthest
+of the workers' checkpoints, so nothing is dealt twice; what a worker drew after its own
+checkpoint where another's is later (its model rolled back) is skipped.
+
 A counter's key names the sampler (by default the order in which the script built it, the
 same on every worker), the epoch, how many times the sampler was iterated within it (a loop
 that never calls `set_epoch` still deals each pass afresh) and torchrun's restart count; a
