@@ -99,7 +99,8 @@ class Runtime:
     group goes: a `SyncOptimizer` its script never closed ends its part in the run there
     (its protocol's threads joined, the end rendezvous), not with gloo torn down under it."""
     crashed: bool = False
-    """The script ended with an uncaught exception: at exit nothing waits for the others."""
+    """The script ended with an uncaught exception, or `shutdown()` ran while one propagated:
+    at exit nothing waits for the others."""
 
     def elapsed(self) -> float:
         return time.time() - self.t0
@@ -283,6 +284,7 @@ def shutdown() -> None:
     SyncOptimizer), then destroy the process group (idempotent; at interpreter exit too)."""
     global _RUNTIME
     if _RUNTIME is not None:
+        _RUNTIME.crashed = _RUNTIME.crashed or _failing()
         while _RUNTIME.exit_hooks:
             _RUNTIME.exit_hooks.pop()()
         if _RUNTIME.lost is not None:
@@ -318,6 +320,14 @@ def _placement(config: RunConfig, local_rank: int) -> tuple[str, torch.device]:
     device = torch.device(placement.device)
     bind_thread(device)  # the main thread's GPU, as each protocol thread binds its own
     return placement.backend, device
+
+
+def _failing() -> bool:
+    """Whether `shutdown()` runs while an error propagates (a script's `try: ... finally:
+    hetsync.shutdown()`): its exit hooks must not close the run as if the loop had ended.
+    A clean exit on its way (`sys.exit(0)`, `hetsync.RunStopped`) is no failure."""
+    error = sys.exc_info()[1]
+    return error is not None and not (isinstance(error, SystemExit) and not error.code)
 
 
 def _note_crashes(runtime: Runtime) -> None:
