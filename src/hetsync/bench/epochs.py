@@ -41,9 +41,10 @@ def epoch_figures(suite: Suite, settings: list[dict[str, Any]], runs: list[Plann
     solo = {_kind(s): out["results"][0]["samples_per_s"]
             for s, out in zip(suite.settings, settings, strict=True) if s.reference}
     for setting, out in zip(suite.settings, settings, strict=True):
+        out["epochs"] = setting.options.get("epochs", suite.epochs)
         if setting.reference:
             continue
-        ideal = ideal_seconds(setting, out["workers"], suite.epochs, solo)
+        ideal = ideal_seconds(setting, out["workers"], out["epochs"], solo)
         by_label = {row["label"]: row for row in out["results"]}
         base = by_label.get(BASELINE)
         out["ideal_s"], out["ideal_from"] = ideal
@@ -153,7 +154,8 @@ def epoch_lines(results: dict[str, Any], runs: list[PlannedRun], out: Path) -> l
         compute = (f"{setting['step_time']:g} ms emulated compute per iteration"
                    if setting["step_time"] else "real compute, workers pinned")
         sections += [f"## {setting['name']}\n",
-                     f"{setting['workers']} worker(s), {compute}, slowdown `{slowdown}`."
+                     f"{setting['workers']} worker(s), {setting['epochs']} epochs, {compute}, "
+                     f"slowdown `{slowdown}`."
                      + (f" Ideal from {setting['ideal_from']}." if "ideal_from" in setting
                         else "") + "\n"]
         if setting["reference"]:

@@ -287,7 +287,7 @@ def _write_epochs(results: dict[str, Any], runs: list[PlannedRun], out: Path,
     sections = [
         f"# hetsync bench: suite `{results['suite']}`\n",
         f"Suite: {results['description']}. Regenerate with `{command}`.\n",
-        f"{results['epochs']} epochs per run (at most {results['max_time_s']:g} s), "
+        f"Each run trains the epochs its setting says (at most {results['max_time_s']:g} s), "
         f"{o['repeats']} repeat(s) (seeds {o['seed']}..{o['seed'] + o['repeats'] - 1}; medians "
         f"shown, the range over repeats in brackets), {results['runs_done']} of "
         f"{results['runs_total']} runs done. Wall time: the run's, to the end of its epochs "

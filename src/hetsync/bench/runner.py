@@ -154,8 +154,8 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     "quiet": quiet,
                     "overwrite": True,  # the suite folder is the bench's: --resume redoes runs
                     **suite.run_options,
-                    **setting.options,
                     **({"epochs": suite.epochs} if suite.epochs is not None else {}),
+                    **setting.options,
                     **({"cpus_per_worker": options.cpus_per_worker}
                        if options.cpus_per_worker is not None else {}),
                     **variant.options,
