@@ -121,7 +121,7 @@ def test_snapshots_and_checkpoints_of_a_training_passive_worker_hold_no_part_of_
             model(torch.ones(1, 1000)).sum().backward()
             opt.step()
             if opt.iteration % 2 == 0:
-                checkpoints.append(_mixed(_checkpoint(opt, model, (0, 0))["model"]))
+                checkpoints.append(_mixed(_checkpoint(opt, model, (0, 0), None)["model"]))
     opt.close()
     files = {path.stat().st_ino: path for path in (run_dir / "snapshots").glob("0*/rank0.pt")}
     snapshots = [torch.load(path, weights_only=True)["state"] for path in files.values()]
