@@ -20,8 +20,12 @@ SCRIPT = Path(__file__).parents[1] / "launch" / "scripts" / "lbfgs_sequence.py"
 ITERATIONS = 5
 
 
-@pytest.mark.parametrize("protocol", ["allreduce", "dpsgd",
-                                      pytest.param("ddp", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("protocol", [
+    "allreduce",
+    # CI time: a model-averaging protocol's closure step is tests/api/test_closure.py's too
+    pytest.param("dpsgd", marks=pytest.mark.slow),
+    pytest.param("ddp", marks=pytest.mark.slow),
+])
 def test_lbfgs_trains_a_float64_sequence_model_on_two_workers(protocol, tmp_path):
     result = run(RunConfig(protocol=protocol, workers=2, script=[str(SCRIPT), str(tmp_path)],
                            out=tmp_path, max_iterations=ITERATIONS, quiet=True, device="cpu"))
