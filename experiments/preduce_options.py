@@ -1,4 +1,4 @@
-"""Benchmark: time per P-Reduce of each implementation in hetsync.transport.preduce.
+"""Benchmark: time per P-Reduce of each implementation in hetsync.protocols.prague.preduce.
 
 For each group size and the flat size of each workload's model: one group of ranks 0..k-1 while
 the other workers idle ("alone"), and all workers split into disjoint groups of k running at
@@ -29,8 +29,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
+from hetsync.protocols.prague.preduce import make_preducer
 from hetsync.transport.flat import model_tensors
-from hetsync.transport.preduce import make_preducer
 from hetsync.workloads import get_workload
 
 matplotlib.use("Agg")

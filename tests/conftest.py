@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from hetsync.config import RunConfig
 from hetsync.launch.launcher import RunResult, run
@@ -26,6 +30,34 @@ def train_run(tmp_path):
         return run(RunConfig(**{**defaults, **options}))
 
     return start
+
+
+class Spawned:
+    """`target(rank, port, *args)` in `nprocs` spawned processes around a TCPStore that the
+    test process holds (`store`; `port` is its port): the kernel picks the port (no race for a
+    free one), and the test can play the launcher on it (declare a worker lost)."""
+
+    def __init__(self, target: Callable[..., None], nprocs: int, *args: object) -> None:
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self._context = mp.start_processes(target, args=(self.store.port, *args),
+                                           nprocs=nprocs, join=False, start_method="spawn")
+        self.processes = self._context.processes
+
+    def join(self, timeout_s: float = 60.0) -> None:
+        """Wait for every process (a process's error is raised); fail the test, leaving none
+        behind, if they run longer than `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not self._context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for process in self.processes:
+                    process.kill()
+                pytest.fail(f"test processes still running after {timeout_s:g} s")
+
+
+@pytest.fixture(scope="session")
+def spawn() -> type[Spawned]:
+    """Real processes over torch.distributed for the transport's and P-Reduce's tests."""
+    return Spawned
 
 
 #: Where the `gpu` tests put their models: "cuda" (the default), or "cpu" to check their logic

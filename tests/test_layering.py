@@ -11,7 +11,8 @@ The layers, bottom to top (DEVELOPERS.md says what each holds):
                options and variants (every module of hetsync.protocols.<x> but those below)
     config     the run's options, with the chosen protocol's
     metrics    what a run measures and writes
-    transport  moving bytes: transport, network.emulator, the protocols' wire formats (*wire)
+    transport  moving bytes: transport, network.emulator, the protocols' wire formats (*wire),
+               Prague's P-Reduce (protocols.prague.preduce)
     drivers    protocols.base, protocols.registry, each protocol's driver (a module, or a package)
     session    joining a run: hetsync.init (session); the data dealt to its workers
                (hetsync.data, but its arithmetic, data.dealing: base)
@@ -50,6 +51,7 @@ RULES = (
     ("hetsync.protocols.*.driver.*", "drivers"),  # a driver of several modules: a package
     ("hetsync.protocols.*.simulation", "simulator"),
     ("hetsync.protocols.*.*wire", "transport"),
+    ("hetsync.protocols.prague.preduce", "transport"),
     ("hetsync.protocols.base", "drivers"),
     ("hetsync.protocols.registry", "drivers"),
     ("hetsync.protocols*", "base"),

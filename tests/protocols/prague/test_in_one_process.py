@@ -16,7 +16,7 @@ from hetsync.cores.errors import RemoteProtocolError
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
 from hetsync.protocols.prague.gg_wire import Kind, ToGG
-from hetsync.transport.preduce import make_preducer
+from hetsync.protocols.prague.preduce import make_preducer
 
 
 @pytest.fixture(scope="module", autouse=True)

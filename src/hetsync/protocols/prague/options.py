@@ -21,7 +21,7 @@ __all__ = ["GROUP_SIZE", "PREDUCE_KINDS", "Options", "check", "group_generator",
 GROUP_SIZE = 3
 """Workers per group unless `--group-size` says (the paper does not give its value)."""
 
-#: The P-Reduce implementations (`--preduce`; hetsync.transport.preduce builds them).
+#: The P-Reduce implementations (`--preduce`; hetsync.protocols.prague.preduce builds them).
 PREDUCE_KINDS = ("auto", "mesh", "ring", "leader", "subgroup")
 
 
@@ -49,7 +49,7 @@ class Options:
                           "implementation: auto (by the network model; without one, mesh under "
                           "4 MiB and ring from there), mesh, ring, leader or "
                           "subgroup")
-    """Auto: on a free network mesh under 4 MiB, ring from there (hetsync.transport.preduce)."""
+    """Auto: on a free network mesh under 4 MiB, ring from there (`preduce.free_network_kind`)."""
     overlap: bool = option(True, help="Prague (Group Generator): P-Reduces run beside the next "
                            "step's compute (averages land one step late)")
     """As D-PSGD's; measured sooner to the target, and 94-97 % of the ideal throughput against

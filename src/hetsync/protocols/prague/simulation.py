@@ -37,6 +37,7 @@ from hetsync.protocols.prague.group_generator import (
     WorkerLost,
 )
 from hetsync.protocols.prague.options import group_generator
+from hetsync.protocols.prague.preduce import make_preducer
 from hetsync.protocols.prague.static_schedule import StaticStop, static_group, static_schedule
 from hetsync.protocols.prague.worker import (
     Decision,
@@ -54,7 +55,6 @@ from hetsync.protocols.prague.worker import (
 )
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
-from hetsync.transport.preduce import make_preducer
 
 __all__ = ["build_workers"]
 

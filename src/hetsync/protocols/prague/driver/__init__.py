@@ -1,8 +1,8 @@
 """Prague (Luo et al., ASPLOS'20): Partial All-Reduce among groups of workers.
 
 Theory of operation. After its local step a worker averages its model with a *group* of
-workers (P-Reduce, hetsync.transport.preduce), then starts its next step. Who averages with
-whom comes from one of two places, and each mode is a module:
+workers (P-Reduce, hetsync.protocols.prague.preduce), then starts its next step. Who averages
+with whom comes from one of two places, and each mode is a module:
 
 - `--schedule random` (default): the Group Generator, a service on rank 0 (`gg_service`);
   each worker P-Reduces with the groups it forms between its steps (`random_groups`), or,

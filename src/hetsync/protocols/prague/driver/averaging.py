@@ -9,8 +9,8 @@ import torch
 
 from hetsync.network.emulator import NetworkEmulator
 from hetsync.protocols.base import Step
+from hetsync.protocols.prague.preduce import make_preducer
 from hetsync.transport.links import Link
-from hetsync.transport.preduce import make_preducer
 from hetsync.transport.runtime import Runtime
 
 __all__ = ["GroupAverager", "add_time"]

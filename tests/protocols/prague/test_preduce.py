@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from hetsync.errors import ConfigError
 from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
-from hetsync.transport.preduce import RING_FROM_BYTES, free_network_kind, make_preducer
+from hetsync.protocols.prague.preduce import RING_FROM_BYTES, free_network_kind, make_preducer
 
 WORLD = 8
 NUMEL = 1001  # a multiple of no group size: the ring's chunks are uneven
