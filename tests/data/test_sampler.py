@@ -14,7 +14,8 @@ from torch.utils.data.distributed import DistributedSampler
 
 import hetsync
 from hetsync.config import RunConfig
-from hetsync.data import DynamicSampler, deal
+from hetsync.data import Deal, DynamicSampler, deal
+from hetsync.data.dealing import ENV_SAMPLER, REDEALT_KEY
 from hetsync.errors import ConfigError
 from hetsync.protocols.registry import get_protocol
 from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
@@ -162,6 +163,16 @@ def test_deal_hands_out_batch_numbers_in_order():
     assert list(deal(50, epoch=1, num_replicas=2, rank=0, store=store)) == list(range(50))
 
 
+def test_deal_deals_a_sequences_items_as_a_loop_over_it_would_take_them():
+    offsets = range(0, 699, 35)  # a stream's batch offsets, as `range(0, len - 1, bptt)`
+    store = dist.HashStore()
+    fast, slow = _fast_and_slow(deal(offsets, num_replicas=2, rank=0, store=store),
+                                deal(offsets, num_replicas=2, rank=1, store=store))
+    assert sorted(fast + slow) == list(offsets)
+    assert list(deal(offsets, num_replicas=2, rank=1, store=dist.HashStore(),
+                     equal_shares=True)) == list(offsets[10:])
+
+
 def test_deal_gives_equal_contiguous_shares_under_a_lock_step_protocol():
     shares = [list(deal(10, num_replicas=3, rank=r, store=dist.HashStore(), equal_shares=True))
               for r in range(3)]
@@ -178,6 +189,21 @@ def test_deal_gives_equal_contiguous_shares_under_a_lock_step_protocol():
 def test_only_protocols_whose_workers_end_alone_are_dealt_dynamically(options, alone):
     config = RunConfig(**options)
     assert get_protocol(config.protocol).ends_alone(config) is alone
+
+
+def test_the_environment_may_ask_for_equal_shares_under_any_protocol(monkeypatch):
+    """`HETSYNC_SAMPLER=static`: a script's static half of an A/B, its code unchanged."""
+    hetsync.init(protocol="adpsgd", device="cpu")
+    try:
+        assert not DynamicSampler(DATA).equal_shares
+        monkeypatch.setenv(ENV_SAMPLER, "static")
+        assert DynamicSampler(DATA).equal_shares
+        assert DynamicSampler(DATA, equal_shares=False).equal_shares is False  # given: kept
+        monkeypatch.setenv(ENV_SAMPLER, "elastic")
+        assert "HETSYNC_SAMPLER='elastic' must be static or dynamic" in _one_line_error(
+            lambda: deal(10))
+    finally:
+        hetsync.shutdown()
 
 
 def _one_line_error(make: Callable[[], object]) -> str:
@@ -233,6 +259,7 @@ def test_a_lost_workers_unfinished_claim_is_dealt_again_and_every_sample_once(st
     dealt = list(survivor)
     assert sorted(finished + dealt) == DATA  # every sample exactly once
     assert survivor.redealt == 10  # the open claim, whole: its first 5 items taken again
+    assert shared.add(REDEALT_KEY, 0) == 10  # the run's count, summary.json's redealt_items
     assert len(set(got[10:]) & set(dealt)) == 5
 
 
@@ -315,3 +342,51 @@ def test_an_equal_share_resumes_at_its_place():
     again = _sampler(dist.HashStore(), 1, equal_shares=True, shuffle=False)
     again.load_state_dict(sampler.state_dict())
     assert taken + list(again) == list(range(1, 1000, 2))
+
+
+def _deals(store: dist.Store, epoch: int = 0) -> list[Deal]:
+    return [deal(100, epoch=epoch, chunk=5, num_replicas=2, rank=r, store=store, name="stream")
+            for r in range(2)]
+
+
+def test_a_resumed_deal_goes_on_from_the_checkpoints_without_reuse():
+    """As the sampler's: two workers checkpoint their pass of deal() mid-epoch (rank 0 inside
+    a claim) and fail after training on; resumed over a new store from the checkpoints, they
+    deal the rest of the epoch, the claim in hand first: with the checkpoints' batches every
+    batch once."""
+    fast, slow = _deals(dist.HashStore())
+    before = [next(fast) for _ in range(12)] + [next(slow) for _ in range(5)]
+    states = [fast.state_dict(), slow.state_dict()]
+    assert (states[0]["in_hand"], states[0]["dealt"]) == ([12, 15], 20)
+    _ = [next(fast) for _ in range(20)]  # trained on after the checkpoint: lost
+    again = _deals(dist.HashStore())
+    for resumed, state in zip(again, states, strict=True):
+        resumed.load_state_dict(state)
+    first = [next(again[0]) for _ in range(3)]
+    assert first == [12, 13, 14]
+    after = first + list(again[0]) + list(again[1])
+    assert sorted(before + after) == list(range(100))
+    assert again[0].dealt + again[1].dealt == 100 - 20 + 3
+
+
+def test_a_resumed_equal_share_and_a_pass_not_begun():
+    share = deal(10, num_replicas=3, rank=1, store=dist.HashStore(), equal_shares=True)
+    taken = [next(share), next(share)]
+    again = deal(10, num_replicas=3, rank=1, store=dist.HashStore(), equal_shares=True)
+    again.load_state_dict(share.state_dict())
+    assert taken + list(again) == [4, 5, 6, 7]
+    unstarted = _deals(dist.HashStore())[0].state_dict()
+    fresh = _deals(dist.HashStore())[0]
+    fresh.load_state_dict(unstarted)
+    assert len(list(fresh)) == 100  # alone on its store: the whole epoch
+
+
+def test_a_deal_refuses_another_epochs_checkpoint_and_a_late_load():
+    store = dist.HashStore()
+    state = _deals(store, epoch=1)[0].state_dict()
+    assert "checkpoint is of 'stream' epoch 1, this deal of 'stream' epoch 2" in (
+        _one_line_error(lambda: _deals(store, epoch=2)[0].load_state_dict(state)))
+    started = _deals(store, epoch=3)[0]
+    next(started)
+    with pytest.raises(RuntimeError, match="before the first batch"):
+        started.load_state_dict(started.state_dict())

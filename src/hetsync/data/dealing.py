@@ -15,7 +15,15 @@ from __future__ import annotations
 
 from hetsync.errors import ConfigError
 
-__all__ = ["checked_epoch_size", "claimed", "equal_share"]
+__all__ = ["ENV_SAMPLER", "REDEALT_KEY", "checked_epoch_size", "claimed", "equal_share"]
+
+#: The run's store key that counts the items of lost workers' claims dealt again (the
+#: launcher puts it in summary.json as `redealt_items`).
+REDEALT_KEY = "deal/redealt"
+#: `static`: every sampler and `deal()` of a worker deals equal shares whatever the protocol
+#: (the static half of an A/B of a script, without editing it); `dynamic` or unset: the
+#: protocol decides.
+ENV_SAMPLER = "HETSYNC_SAMPLER"
 
 
 def checked_epoch_size(what: str, size: int, batch_size: int | None, chunk: int,

@@ -8,7 +8,9 @@ that finds the epoch used up ends it. That pays under the protocols whose worker
 after different numbers of iterations (`Protocol.ends_alone`: AD-PSGD, Hop, Prague's Group
 Generator, the asynchronous parameter server); under the lock-step ones (All-Reduce, DDP,
 D-PSGD, ...) a worker that ran out would leave the others waiting in a collective, so they
-get `DistributedSampler`'s fixed equal shares (docs/protocols.md, "Epochs").
+get `DistributedSampler`'s fixed equal shares (docs/protocols.md, "Epochs"). A worker whose
+environment has `HETSYNC_SAMPLER=static` gets equal shares under any protocol: a script's
+static half of an A/B, unedited (the `epochs-lm` bench suite's).
 
 A worker the run loses (`--on-failure continue`) may hold a claim it had not finished: where
 workers may be lost, each records its claim in hand beside the counter (`<key>/open/<rank>`),
@@ -18,11 +20,13 @@ dealt once among the survivors' claims and the lost worker's finished ones, the 
 the open claim it had already taken (up to a claim less one) taken again. A claim is lost
 with its worker only where the worker died between the claim's `add` and its record (one
 store round trip), or where the others had ended the epoch before the loss was declared.
+The run's summary.json counts the items dealt again (`redealt_items`).
 
 A checkpoint keeps `DynamicSampler.state_dict()`: the pass, the rest of the claim in hand and
 the epoch's counter. A resume takes that claim first and raises the counter to the furthest
 of the workers' checkpoints, so nothing is dealt twice; what a worker drew after its own
-checkpoint where another's is later (its model rolled back) is skipped.
+checkpoint where another's is later (its model rolled back) is skipped. `deal()`'s passes
+(`Deal`) have the same `state_dict()` and `load_state_dict()`.
 
 A counter's key names the sampler (by default the order in which the script built it, the
 same on every worker), the epoch, how many times the sampler was iterated within it (a loop
@@ -42,13 +46,19 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
-from hetsync.data.dealing import checked_epoch_size, claimed, equal_share
+from hetsync.data.dealing import (
+    ENV_SAMPLER,
+    REDEALT_KEY,
+    checked_epoch_size,
+    claimed,
+    equal_share,
+)
 from hetsync.errors import ConfigError
 from hetsync.protocols.registry import get_protocol
 from hetsync.transport.lost_workers import LostWorkers
 from hetsync.transport.runtime import Runtime, current_runtime
 
-__all__ = ["DEFAULT_CHUNK", "DynamicSampler", "deal"]
+__all__ = ["DEFAULT_CHUNK", "Deal", "DynamicSampler", "deal"]
 
 #: Items a claim takes where no batch size is given: a common DataLoader batch.
 DEFAULT_CHUNK = 32
@@ -90,8 +100,9 @@ class _Dealer:
                                       f"({own}): leave it out, the run says it")
             self.world, self.rank, self.store = runtime.world_size, runtime.rank, runtime.store
             self.lost = runtime.lost
-            self.equal = (not get_protocol(runtime.config.protocol).ends_alone(runtime.config)
-                          if equal_shares is None else equal_shares)
+            self.equal = (_static_by_env(what) or not get_protocol(
+                runtime.config.protocol).ends_alone(runtime.config)
+                if equal_shares is None else equal_shares)
         elif (num_replicas or 1) == 1 and not rank:
             self.world, self.rank, self.store, self.equal = 1, 0, None, True
         else:
@@ -158,6 +169,7 @@ class _Dealer:
             if self.store.compare_set(theirs, record, mark).decode() == mark:
                 start, stop = map(int, record.split(":"))
                 tally["redealt"] += stop - start
+                self.store.add(REDEALT_KEY, stop - start)  # the run's count, for its summary
                 return range(start, stop)
         return range(0)
 
@@ -270,30 +282,111 @@ class DynamicSampler(Sampler[int]):
             _raise_to(self._dealer.store, key, state["dealt"])
 
 
-def deal(num_batches: int, epoch: int = 0, *, shuffle: bool = False, seed: int = 0,
-         chunk: int = 1, name: str = "deal", equal_shares: bool | None = None,
+def deal(batches: int | Sequence[int], epoch: int = 0, *, shuffle: bool = False,
+         seed: int = 0, chunk: int = 1, name: str = "deal", equal_shares: bool | None = None,
          num_replicas: int | None = None, rank: int | None = None,
-         store: dist.Store | None = None, lost: LostWorkers | None = None) -> Iterator[int]:
-    """Batch numbers 0..num_batches-1 of `epoch`, dealt as `DynamicSampler` deals samples,
-    for a script that slices its own stream: `for i in deal(n, epoch=e): x = data[i * b:]...`.
+         store: dist.Store | None = None, lost: LostWorkers | None = None) -> Deal:
+    """This worker's batches of `epoch`, dealt as `DynamicSampler` deals samples, for a script
+    that slices its own stream: `for i in deal(range(0, len(data) - 1, bptt), epoch=e):`
+    deals the range's items (the batches' offsets), `deal(n)` the batch numbers 0..n-1.
 
-    In increasing order (`shuffle` draws a permutation from `seed` and `epoch`), `chunk`
-    batches a claim; under a lock-step protocol each worker's equal share, a contiguous run
-    of ceil(num_batches / n) (the last padded from the start), so that a carried state (an
-    RNN's hidden state) meets consecutive batches. Each call of the same `name` and `epoch`
-    deals a new pass.
+    In their order (`shuffle` draws a permutation from `seed` and `epoch`), `chunk` batches a
+    claim; under a lock-step protocol each worker's equal share, a contiguous run of
+    ceil(len / n) (the last padded from the start), so that a carried state (an RNN's hidden
+    state) meets consecutive batches. Each call of the same `name` and `epoch` deals a new
+    pass. The other arguments are `DynamicSampler`'s.
     """
     dealer = _Dealer("deal", num_replicas, rank, equal_shares, store, lost)
-    checked_epoch_size("deal", num_batches, None, chunk, False)
-    order = (torch.randperm(num_batches, generator=torch.Generator().manual_seed(seed + epoch))
-             .tolist() if shuffle else range(num_batches))
-    if dealer.equal:
-        share = -(-num_batches // dealer.world)
-        return (order[(dealer.rank * share + j) % num_batches] for j in range(share))
-    passes = _DEAL_PASSES.get((name, epoch, dealer.rank), 0)
-    _DEAL_PASSES[(name, epoch, dealer.rank)] = passes + 1
-    return dealer.items(order, chunk, False, _Pass(_key(name, epoch, passes)),
-                        {"dealt": 0, "unused": 0, "redealt": 0})
+    items = range(batches) if isinstance(batches, int) else batches
+    checked_epoch_size("deal", len(items), None, chunk, False)
+    if shuffle:
+        items = [items[i] for i in torch.randperm(
+            len(items), generator=torch.Generator().manual_seed(seed + epoch)).tolist()]
+    return Deal(dealer, items, name, epoch, chunk)
+
+
+class Deal(Iterator[int]):
+    """One pass of `deal()` over an epoch: an iterator of this worker's batches, which deals
+    nothing before its first `next()`, so that a resume may load its `state_dict()` first.
+
+    `dealt`, `unused` and `redealt` count as `DynamicSampler`'s do, for this pass."""
+
+    def __init__(self, dealer: _Dealer, items: Sequence[int], name: str, epoch: int,
+                 chunk: int) -> None:
+        self._dealer, self._items, self.name, self.epoch = dealer, items, name, epoch
+        self._chunk = chunk
+        self.passes = _DEAL_PASSES.get((name, epoch, dealer.rank), 0)
+        _DEAL_PASSES[(name, epoch, dealer.rank)] = self.passes + 1
+        self._pass = _Pass(_key(name, epoch, self.passes))
+        self._dealing: Iterator[int] | None = None
+        self._tally = {"dealt": 0, "unused": 0, "redealt": 0}
+
+    @property
+    def dealt(self) -> int:
+        return self._tally["dealt"]
+
+    @property
+    def unused(self) -> int:
+        return self._tally["unused"]
+
+    @property
+    def redealt(self) -> int:
+        return self._tally["redealt"]
+
+    def __iter__(self) -> Deal:
+        return self
+
+    def __next__(self) -> int:
+        if self._dealing is None:
+            self._dealing = self._deal()
+        return next(self._dealing)
+
+    def close(self) -> None:
+        """Stop taking: the rest of the claim in hand counts as `unused`."""
+        if self._dealing is not None:
+            self._dealing.close()  # type: ignore[attr-defined]
+
+    def _deal(self) -> Iterator[int]:
+        dealer, at = self._dealer, self._pass
+        if not (dealer.equal or dealer.world == 1):
+            yield from dealer.items(self._items, self._chunk, False, at, self._tally)
+            return
+        size = len(self._items)
+        share = -(-size // dealer.world)
+        self._tally["dealt"] += share - at.taken
+        for j in range(at.taken, share):
+            at.taken += 1
+            yield self._items[(dealer.rank * share + j) % size]
+
+    def state_dict(self) -> dict[str, Any]:
+        """How far this pass was dealt, for a checkpoint: as `DynamicSampler.state_dict()`,
+        the items taken of the equal share or the rest of the claim in hand, and how far every
+        worker had claimed the epoch (`dealt`)."""
+        at, store = self._pass, self._dealer.store
+        dynamic = not (self._dealer.equal or self._dealer.world == 1) and store is not None
+        return {"name": self.name, "epoch": self.epoch, "passes": self.passes,
+                "started": self._dealing is not None, "taken": at.taken,
+                "in_hand": [at.in_hand.start, at.in_hand.stop],
+                "dealt": store.add(at.key, 0) if dynamic else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from a checkpoint's `state_dict()` of the same epoch: the claim in hand
+        first, the epoch's counter raised to the checkpoint's (as
+        `DynamicSampler.load_state_dict`: before the run's first collective)."""
+        if self._dealing is not None:
+            raise RuntimeError("deal: load_state_dict() before the first batch is taken")
+        if (state["name"], state["epoch"]) != (self.name, self.epoch):
+            raise ConfigError(f"deal: the checkpoint is of {state['name']!r} epoch "
+                              f"{state['epoch']}, this deal of {self.name!r} epoch {self.epoch}")
+        if not state["started"]:
+            return  # the pass had not begun: dealt whole
+        self.passes = state["passes"]
+        counts = (self.name, self.epoch, self._dealer.rank)
+        _DEAL_PASSES[counts] = max(_DEAL_PASSES.get(counts, 0), self.passes + 1)
+        key = _key(self.name, self.epoch, self.passes)
+        self._pass = _Pass(key, state["taken"], range(*state["in_hand"]))
+        if state["dealt"] is not None and self._dealer.store is not None:
+            _raise_to(self._dealer.store, key, state["dealt"])
 
 
 def _raise_to(store: dist.Store, key: str, value: int) -> None:
@@ -306,6 +399,14 @@ def _raise_to(store: dist.Store, key: str, value: int) -> None:
 def _key(name: str, epoch: int, passes: int) -> str:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"deal/{name}/{restart}/{epoch}/{passes}"
+
+
+def _static_by_env(what: str) -> bool:
+    """Whether `HETSYNC_SAMPLER` asks for equal shares whatever the protocol."""
+    value = os.environ.get(ENV_SAMPLER, "dynamic")
+    if value not in ("static", "dynamic"):
+        raise ConfigError(f"{what}: {ENV_SAMPLER}={value!r} must be static or dynamic")
+    return value == "static"
 
 
 def _runtime() -> Runtime | None:
