@@ -203,9 +203,11 @@ def figure(rows: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hetsync.report.colours import protocol_styles
+
     fig, axes = plt.subplots(1, 2, figsize=(12, 5.5))
     variants = sorted({r["variant"] for r in rows})
-    colours = {v: plt.get_cmap("tab10")(i % 10) for i, v in enumerate(variants)}
+    colours = {v: style.fill for v, style in protocol_styles(variants).items()}
     markers = {8: "o", 16: "s"}
     panels = (("samples_per_s", "throughput (samples/s)", THROUGHPUT_TOLERANCE),
               ("time_to_target_s", "time to target (s)", TARGET_TOLERANCE))

@@ -410,9 +410,12 @@ def _plot(report: dict[str, Any], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from hetsync.report.colours import protocol_colour
+
     fig, ax = plt.subplots(figsize=(7, 3.5))
     names = list(report["rows"])
-    ax.bar(names, [report["rows"][n]["gb_per_s"] for n in names])
+    ax.bar(names, [report["rows"][n]["gb_per_s"] for n in names],
+           color=[protocol_colour(n) for n in names])  # the raw rows grey
     ax.set_ylabel("GB/s (payload / time)")
     ax.set_title(f"{report['bytes'] / 1e6:.0f} MB, {report['workers']} gloo processes")
     fig.tight_layout()

@@ -19,6 +19,7 @@ from typing import Any
 
 from hetsync.bench.runner import PlannedRun
 from hetsync.bench.suites import Setting, Suite
+from hetsync.report.colours import protocol_colour, rank_shades
 from hetsync.report.plots import plt, slug
 from hetsync.report.table import MISSING, percent, sig
 from hetsync.slowdown import parse_slowdown
@@ -174,7 +175,8 @@ def epoch_lines(results: dict[str, Any], runs: list[PlannedRun], out: Path) -> l
 
 def plot_dealt(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> Path | None:
     """Samples taken per worker over time, one panel per protocol: the static sampler dashed,
-    the dynamic one solid, a colour per rank (the first repeat of each)."""
+    the dynamic one solid, each rank a shade of the protocol's colour (the first repeat of
+    each)."""
     done = [r for r in runs if r.repeat == 0 and r.done]
     families = list(dict.fromkeys(r.variant.label.rsplit(" ", 1)[0] for r in done))
     if not families:
@@ -190,10 +192,12 @@ def plot_dealt(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> Pa
                 if name != family:
                     continue
                 batch = run.config.batch_size or get_workload(run.config.workload).batch_size
-                for rank, worker in _worker_rows(run.run_dir):
+                workers = _worker_rows(run.run_dir)
+                shades = rank_shades(protocol_colour(family, run.config.protocol), len(workers))
+                for (rank, worker), colour in zip(workers, shades, strict=True):
                     ax.plot([0.0] + [r["t"] for r in worker],
                             [0] + [batch * r["iteration"] for r in worker],
-                            drawstyle="steps-post", color=f"C{rank}",
+                            drawstyle="steps-post", color=colour,
                             linestyle="-" if sampler == "dynamic" else "--",
                             label=f"rank {rank} {sampler}")
             ax.set_title(family, fontsize="medium")

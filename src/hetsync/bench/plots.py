@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hetsync.report.colours import protocol_styles
 from hetsync.report.plots import plt
 
 __all__ = ["plot_speedups"]
@@ -20,7 +21,7 @@ def plot_speedups(results: dict[str, Any], out: Path, baseline: str = "allreduce
     if not settings:
         return None
     labels = list(dict.fromkeys(r["label"] for s in settings for r in s["results"]))
-    colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}  # the same in every panel
+    styles = protocol_styles(labels)  # a family's colour, its variants a shade of it
     heights = [len(s["results"]) for s in settings]
     fig, axes = plt.subplots(len(settings), 1, squeeze=False,
                              figsize=(8, 1.2 + 0.32 * sum(heights) + 0.6 * len(settings)),
@@ -33,7 +34,7 @@ def plot_speedups(results: dict[str, Any], out: Path, baseline: str = "allreduce
                 ratio = row[f"speedup_vs_{baseline}"]
                 value = ratio["value"] if ratio else 0.0
                 bound = bool(ratio) and ratio["kind"] != "exact"
-                ax.barh(i, value, color=colour[row["label"]], alpha=0.8,
+                ax.barh(i, value, color=styles[row["label"]].fill, alpha=0.8,
                         hatch="//" if bound else None, edgecolor="0.2" if bound else None)
                 text = "not reached" if not ratio else (
                     {"exact": "", "at least": "≥ ", "at most": "≤ "}[ratio["kind"]]

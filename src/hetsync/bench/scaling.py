@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from hetsync.report.colours import protocol_styles
 from hetsync.report.plots import plt
 
 __all__ = ["scaling_lines"]
@@ -38,13 +39,14 @@ def _cell(row: dict[str, Any] | None) -> str:
 def _plot(panels: dict[tuple[str, str], dict[str, dict[int, Any]]], out: Path) -> Path:
     fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(8, 3.2 * len(panels)))
     labels = sorted({label for panel in panels.values() for label in panel})
-    colour = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    styles = protocol_styles(labels)
     try:
         for ax, ((het, network), panel) in zip(axes[:, 0], panels.items(), strict=True):
             for label, by_workers in panel.items():
                 sizes = sorted(by_workers)
                 ax.plot(sizes, [100 * (by_workers[n]["ideal_fraction"] or 0) for n in sizes],
-                        "o-", color=colour[label], label=label)
+                        color=styles[label].colour, linestyle=styles[label].linestyle,
+                        marker=styles[label].marker, label=label)
             ax.set_xscale("log", base=2)
             ax.set_ylim(0, 105)
             ax.set_ylabel("% of ideal throughput")

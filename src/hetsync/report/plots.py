@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from hetsync.report.colours import Style, protocol_colour, protocol_styles, rank_shades  # noqa: E402
 from hetsync.report.runs import Run  # noqa: E402
 
 DPI = 120
@@ -37,6 +38,12 @@ def unique_slugs(runs: list[Run]) -> list[str]:
         seen[stem] = seen.get(stem, 0) + 1
         stems.append(stem if seen[stem] == 1 else f"{stem}_{seen[stem]}")
     return stems
+
+
+def run_styles(runs: list[Run]) -> dict[str, Style]:
+    """Each run's style, by its family: the same colour in every figure of the report."""
+    return protocol_styles((run.label for run in runs),
+                           {run.label: run.summary["protocol"] for run in runs})
 
 
 def consensus_rows(run: Run) -> list[dict]:
@@ -66,8 +73,8 @@ def _figure(path: Path, title: str, ylabel: str) -> Iterator[Axes]:
 
 def plot_loss(runs: list[Run], out: Path) -> list[Path]:
     """Consensus test loss vs time, with each run's target loss as a dashed line."""
-    curves = [(i, run, consensus_rows(run)) for i, run in enumerate(runs)]
-    curves = [(i, run, rows) for i, run, rows in curves if rows]
+    styles = run_styles(runs)
+    curves = [(run, rows) for run in runs if (rows := consensus_rows(run))]
     if not curves:
         return []
     path = out / "loss_vs_time.png"
@@ -75,11 +82,10 @@ def plot_loss(runs: list[Run], out: Path) -> list[Path]:
                       if run.summary.get("target_loss") is not None})
     with _figure(path, "Consensus test loss vs wall-clock time", "test loss") as ax:
         losses = []
-        for i, run, rows in curves:
+        for run, rows in curves:
             loss = [row["loss"] for row in rows]
             losses += loss
-            ax.plot([row["t"] for row in rows], loss, marker="o", markersize=3,
-                    color=f"C{i}", label=run.label)
+            _line(ax, styles[run.label], [row["t"] for row in rows], loss, run.label)
         for target in targets:
             ax.axhline(target, linestyle="--", color="0.4", linewidth=1,
                        label=f"target loss {target:g}")
@@ -87,6 +93,12 @@ def plot_loss(runs: list[Run], out: Path) -> list[Path]:
         if values and max(values) > 10 * min(values):
             _log_y(ax, max(values) / min(values))
     return [path]
+
+
+def _line(ax: Axes, style: Style, x: list[float], y: list[float], label: str) -> None:
+    """One run's curve of evaluations, in its family's colour and its variant's line."""
+    ax.plot(x, y, color=style.colour, linestyle=style.linestyle, marker=style.marker,
+            markersize=3, label=label)
 
 
 def _log_y(ax: Axes, span: float) -> None:
@@ -106,16 +118,16 @@ def _plot_consensus_metric(
     scale: float = 1.0, log: bool = False,
 ) -> list[Path]:
     """One line per run of a consensus-row metric vs time; nothing if no run has it."""
-    curves = [(i, run, [r for r in consensus_rows(run) if r.get(key) is not None])
-              for i, run in enumerate(runs)]
-    curves = [(i, run, rows) for i, run, rows in curves if rows]
+    styles = run_styles(runs)
+    curves = [(run, rows) for run in runs
+              if (rows := [r for r in consensus_rows(run) if r.get(key) is not None])]
     if not curves:
         return []
     path = out / name
     with _figure(path, title, ylabel) as ax:
-        for i, run, rows in curves:
-            ax.plot([row["t"] for row in rows], [scale * row[key] for row in rows],
-                    marker="o", markersize=3, color=f"C{i}", label=run.label)
+        for run, rows in curves:
+            _line(ax, styles[run.label], [row["t"] for row in rows],
+                  [scale * row[key] for row in rows], run.label)
         if log:
             ax.set_yscale("symlog", linthresh=1e-6)
     return [path]
@@ -168,31 +180,37 @@ def plot_iterations(runs: list[Run], out: Path) -> list[Path]:
     with _figure(path, "Iterations per worker vs wall-clock time\n"
                  "(line: mean over workers, band: slowest to fastest worker)",
                  "iterations completed") as ax:
-        for i, run in enumerate(runs):
+        styles = run_styles(runs)
+        for run in runs:
             if not _has_workers(run):
                 continue
+            style = styles[run.label]
             grid, counts = iteration_grid(run)
             ax.fill_between(grid, counts.min(axis=0), counts.max(axis=0),
-                            color=f"C{i}", alpha=0.2, linewidth=0)
-            ax.plot(grid, counts.mean(axis=0), color=f"C{i}", label=run.label)
+                            color=style.fill, alpha=0.2, linewidth=0)
+            ax.plot(grid, counts.mean(axis=0), color=style.colour, linestyle=style.linestyle,
+                    label=run.label)
         ax.set_ylim(bottom=0)
     return [path]
 
 
 def plot_iterations_per_worker(runs: list[Run], out: Path) -> list[Path]:
-    """One plot per run with a line per worker, so a straggler stands out."""
+    """One plot per run with a line per worker, so a straggler stands out; the workers are
+    shades of the run's protocol colour, dark to light by rank."""
     paths = []
     for run, stem in zip(runs, unique_slugs(runs), strict=True):
         if not _has_workers(run):
             continue
         path = out / f"iterations_per_worker_{stem}.png"
+        shades = rank_shades(protocol_colour(run.label, run.summary["protocol"]),
+                             len(run.worker_rows))
         with _figure(path, f"Iterations per worker vs wall-clock time: {run.label}",
                      "iterations completed") as ax:
-            for rank, rows in run.worker_rows.items():
+            for (rank, rows), colour in zip(run.worker_rows.items(), shades, strict=True):
                 rows = sorted(rows, key=lambda row: row["t"])
                 ax.plot([0.0] + [row["t"] for row in rows],
                         [0] + [row["iteration"] for row in rows],
-                        drawstyle="steps-post", label=f"rank {rank}")
+                        drawstyle="steps-post", color=colour, label=f"rank {rank}")
             ax.set_ylim(bottom=0)
         paths.append(path)
     return paths
