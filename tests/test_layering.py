@@ -58,6 +58,7 @@ RULES = (
     ("hetsync.network.emulator", "transport"),
     ("hetsync.network*", "base"),
     ("hetsync.transport.placement", "base"),
+    ("hetsync.transport.codec*", "base"),  # the wire format: pure arithmetic, no I/O
     ("hetsync.transport*", "transport"),
     ("hetsync.metrics.strict_json", "base"),
     ("hetsync.metrics.atomic", "base"),

@@ -121,6 +121,7 @@ class SyncOptimizer(torch.optim.Optimizer):
             broadcast_model(model, self.runtime.links.direct)
         self.optimizer = optimizer
         self.protocol: Protocol = protocol_class(self.runtime, model, optimizer)
+        self.protocol.network.background_wait = self._emulated_wait  # its threads' waits too
         _PREPARED.update((model, optimizer))
         self._stepping = False  # inside step(): the inner optimizer's own step is ours
         self._left_at: torch.Tensor | None = None  # LBFGS's model after its last local step
@@ -574,8 +575,7 @@ class SyncOptimizer(torch.optim.Optimizer):
 
     def _record(self, step: Step, loss: float | None) -> None:
         elapsed = self.runtime.elapsed()
-        if self.protocol.network is not None:
-            step.network_s += self.protocol.network.take_background()
+        step.network_s += self.protocol.network.take_background()
         if self._log is not None:
             row = {
                 "t": round(elapsed, 4),

@@ -78,6 +78,8 @@ _RUN_HELP = {
     "network": "emulated network: none | bandwidth=10Gbit,latency=50us[;ranks=3:bandwidth=1Gbit]",
     "payload": "charge messages as if the model weighed this: bytes (100MB) or a model name "
     "(resnet50, vgg16, bert-base, ...); needs --network",
+    "compress": "how model and gradient payloads travel: none, bf16, fp16 or int8 (chunks of "
+    "1024 values with one fp32 scale each; summed in fp32, with error feedback)",
     "overwrite": "replace the run already in --out (without it, such an --out is refused)",
     "checkpoint_every": "seconds of run time between each worker's checkpoint (model, "
     "optimizer, iteration, data position) in DIR/checkpoints/, for `train --resume DIR`",

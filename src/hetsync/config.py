@@ -21,6 +21,7 @@ from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
 from hetsync.metrics import strict_json
 from hetsync.network.spec import parse_network, parse_payload
+from hetsync.transport.codec_kinds import CODECS
 from hetsync.protocols.catalog import (
     BUILTIN,
     GRAPH_PROTOCOLS,
@@ -52,6 +53,7 @@ _CHOICES = {
     "device": DEVICES,
     "on_failure": ("stop", "continue"),
     "eval_bn": ("recompute", "saved"),
+    "compress": CODECS,
     "sampler": ("static", "dynamic"),
 }
 
@@ -114,6 +116,8 @@ class _RunOptions:
     network: str = "none"
     """Emulated network (see hetsync.network.spec); none: the real one, nothing added."""
     payload: str = "none"
+    compress: str = "none"
+    """How model and gradient payloads are written on the wire (hetsync.transport.codec)."""
     """Declared model size that messages are charged for; none: the real model's."""
     overwrite: bool = False
     """Replace a run already in --out (otherwise refused)."""

@@ -43,8 +43,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from hetsync.step import Step
+    from hetsync.transport.runtime import Runtime
 
-__all__ = ["NetworkEmulator", "model_bytes"]
+__all__ = ["FreeNetwork", "Network", "NetworkEmulator", "model_bytes"]
 
 
 def model_bytes(model: nn.Module) -> int:
@@ -52,7 +53,43 @@ def model_bytes(model: nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model_tensors(model))
 
 
-class NetworkEmulator:
+class FreeNetwork:
+    """No emulated network (`--network none`): every charge is nothing, and messages carry
+    no send time; what a driver's channel (hetsync.transport.channel) asks of a network."""
+
+    scale = 1.0
+    background_wait: Callable[[float], float] = staticmethod(lambda seconds: seconds)
+
+    def scaled(self, nbytes: float) -> float:
+        return nbytes
+
+    def stamp(self, runtime: Runtime) -> float:
+        return 0.0
+
+    def origin(self, runtime: Runtime) -> float:
+        return 0.0
+
+    def duration(self, messages: Sequence[Message]) -> float:
+        return 0.0
+
+    def after_blocking(self, step: Step | None, messages: Sequence[Message], key: str,
+                       real_s: float) -> None:
+        """Nothing to add: the real transfer's time is the wait."""
+
+    def hold_until(self, step: Step | None, ready_at: float, modelled: float = 0.0) -> None:
+        """Nothing to hold: a message is usable when it is in."""
+
+    def deliver(self, message: Message, copies: int, sent: float) -> float:
+        return sent
+
+    def occupy(self, messages: Sequence[Message]) -> float:
+        return 0.0
+
+    def take_background(self) -> float:
+        return 0.0
+
+
+class NetworkEmulator(FreeNetwork):
     """Charges one worker's communication by the cost model; see the module doc."""
 
     def __init__(
@@ -66,17 +103,19 @@ class NetworkEmulator:
         self.scale = scale
         self._floor: dict[str, float] = {}
         self._background_s = 0.0  # charged by serving and receiving threads
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the background figure and the NIC clocks
+        self.background_wait: Callable[[float], float] = lambda seconds: seconds
+        """Given a wait a protocol thread is about to sleep, the seconds to sleep: the run's
+        --max-time cuts it and a long one is announced to the launcher, as the training
+        thread's are (`Step.on_wait`); set by the training loop."""
 
     @classmethod
-    def for_run(
-        cls, network: str, payload: str, world: int, model: nn.Module
-    ) -> NetworkEmulator | None:
+    def for_run(cls, network: str, payload: str, world: int, model: nn.Module) -> Network:
         """The emulator that a run's `--network` and `--payload` ask for, among `world`
-        workers, or None on a free network."""
+        workers (`FreeNetwork` on a free one)."""
         spec = parse_network(network)
         if spec is None:
-            return None
+            return FreeNetwork()
         declared = parse_payload(payload)
         scale = declared / max(model_bytes(model), 1) if declared is not None else 1.0
         return cls(spec, world, time.time, scale)
@@ -84,6 +123,14 @@ class NetworkEmulator:
     def scaled(self, nbytes: float) -> float:
         """The declared size of a message that carries `nbytes` of the real model."""
         return nbytes * self.scale
+
+    def stamp(self, runtime: Runtime) -> float:
+        """A message's send time for its header: on the run's clock."""
+        return runtime.elapsed()
+
+    def origin(self, runtime: Runtime) -> float:
+        """Where the run's clock starts on the machine's (a header's time is from there)."""
+        return runtime.t0
 
     def duration(self, messages: Sequence[Message]) -> float:
         return self.model.duration(messages)
@@ -104,7 +151,7 @@ class NetworkEmulator:
         """On the training thread, the wait is time blocked in synchronisation and the
         transfer's modelled time is the iteration's `network_s` (overlapped or not)."""
         if step is None:
-            time.sleep(max(0.0, seconds))
+            time.sleep(max(0.0, self.background_wait(seconds)))
             self._add_background(modelled)
             return
         with step.blocking():
@@ -116,12 +163,13 @@ class NetworkEmulator:
     def deliver(self, message: Message, copies: int, sent: float) -> float:
         """Book `message`, sent at `sent` (on `clock`), on this worker's own NIC clock (which
         carries over, so messages that overlap in time share its ingress); its arrival."""
-        return self.model.deliver(message, sent, copies)
+        with self._lock:  # several receiving threads book on this worker's NIC
+            return self.model.deliver(message, sent, copies)
 
     def occupy(self, messages: Sequence[Message]) -> float:
         """Sleep the messages' modelled time (in a serving thread); returns it."""
         modelled = self.duration(messages)
-        time.sleep(modelled)
+        time.sleep(max(0.0, self.background_wait(modelled)))
         self._add_background(modelled)
         return modelled
 
@@ -135,3 +183,7 @@ class NetworkEmulator:
     def _add_background(self, seconds: float) -> None:
         with self._lock:
             self._background_s += seconds
+
+
+Network = FreeNetwork
+"""What a channel charges: the emulator, or the free network's nothing."""

@@ -24,8 +24,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
-from hetsync.network.emulator import NetworkEmulator
+from hetsync.network.emulator import Network, NetworkEmulator
 from hetsync.step import Step
+from hetsync.transport.channel import Channel
+from hetsync.transport.codec import codec
+from hetsync.transport.links import Link
 
 if TYPE_CHECKING:
     from hetsync.config import RunConfig
@@ -63,9 +66,14 @@ class Protocol:
         self.runtime = runtime
         self.model = model
         self.optimizer = optimizer
-        self.network = NetworkEmulator.for_run(runtime.config.network, runtime.config.payload,
-                                               runtime.world_size, model)
-        """The emulated network (`--network`), or None: communication is not delayed."""
+        self.network: Network = NetworkEmulator.for_run(
+            runtime.config.network, runtime.config.payload, runtime.world_size, model)
+        """The emulated network (`--network`; `FreeNetwork`: nothing is delayed)."""
+        self.codec = codec(runtime.config.compress)
+
+    def open_channel(self, link: Link) -> Channel:
+        """The channel of this worker's traffic on `link`: every message's duties."""
+        return Channel(link, self.runtime, self.network, self.codec)
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:

@@ -228,6 +228,18 @@ class Link:
             self._settle()
         return work
 
+    def all_to_all(self, out: torch.Tensor, tensor: torch.Tensor) -> None:
+        """Block j of `tensor` to rank j, block i of `out` from rank i (equal blocks)."""
+        dist.all_to_all_single(self.check(out, "all_to_all"), self.check(tensor, "all_to_all"),
+                               group=self.group)
+        self._settle()
+
+    def all_gather(self, out: torch.Tensor, tensor: torch.Tensor) -> None:
+        """Every rank's `tensor`, in rank order, into `out`."""
+        dist.all_gather_single(self.check(out, "all_gather"),
+                               self.check(tensor, "all_gather"), group=self.group)
+        self._settle()
+
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.check(tensor, "broadcast")
         dist.broadcast(tensor, src, group=self.group)

@@ -20,12 +20,9 @@ pass over the model more than taking it (tried: a 45 MB model's compute step wen
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
-from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols.allreduce.core import (
     AllReduceWorker,
     Decision,
@@ -38,7 +35,6 @@ from hetsync.protocols.allreduce.core import (
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.contiguous import span
-from hetsync.transport.flat import ring_allreduce_bytes
 from hetsync.transport.runtime import Runtime
 
 
@@ -54,6 +50,7 @@ class AllReduce(Protocol):
         super().__init__(runtime, model, optimizer)
         self.core = AllReduceWorker(runtime.rank, runtime.world_size)
         self.link = runtime.links.direct
+        self.channel = self.open_channel(self.link)
         self._flat: torch.Tensor | None = None
         """The reduction's buffer, reused step after step; the gradients are its slices."""
         self._step = Step(0)  # the step whose decisions are being carried out
@@ -92,17 +89,9 @@ class AllReduce(Protocol):
             return vote
         flat, held = self._gather(grads, buffers, vote)
         flat[:-1].div_(divisor)
-        with step.blocking():
-            began = time.perf_counter()
-            self.runtime.before_send()
-            self.link.all_reduce(flat)
-        if self.network is not None:
-            nbytes = self.network.scaled(flat.numel() * flat.element_size())
-            self.network.after_blocking(step, ring_allreduce(range(world), nbytes), "allreduce",
-                                        time.perf_counter() - began)
+        self.channel.all_reduce(step, flat, "allreduce", exact_tail=1)
         with torch.no_grad():
             self._scatter(flat, params, grads, buffers, held)
-        step.bytes_sent += ring_allreduce_bytes(flat, world)
         return round(float(flat[-1]))
 
     def _params(self) -> list[nn.Parameter]:
