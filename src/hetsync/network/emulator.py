@@ -58,6 +58,8 @@ class FreeNetwork:
     no send time; what a driver's channel (hetsync.transport.channel) asks of a network."""
 
     scale = 1.0
+    emulated = False
+    """Whether messages are charged (an emulator) or travel as they are (a free network)."""
     background_wait: Callable[[float], float] = staticmethod(lambda seconds: seconds)
 
     def scaled(self, nbytes: float) -> float:
@@ -91,6 +93,8 @@ class FreeNetwork:
 
 class NetworkEmulator(FreeNetwork):
     """Charges one worker's communication by the cost model; see the module doc."""
+
+    emulated = True
 
     def __init__(
         self, spec: NetworkSpec, world: int, clock: Callable[[], float], scale: float = 1.0

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from hetsync.network.model import Message
 from hetsync.network.patterns import ring_allreduce
 from hetsync.transport.codec import Codec, Residual
+from hetsync.transport.header import Frame
 from hetsync.transport.links import Link, Transfers
 from hetsync.transport.lost_workers import unless_lost
 
@@ -83,6 +84,53 @@ class Channel:
         """Run `transfer` with `peer`; False (and nothing raised) where it failed because the
         launcher declared `peer` lost."""
         return not unless_lost(self.runtime.lost, peer, transfer)
+
+    # --- messages in the wire format ----------------------------------------------------------
+    def frame(self, frame: Frame) -> Frame:
+        """`frame` (a header, then a flat model) as it travels: the payload in the codec's
+        format. Receive buffers are made for this one (`empty`)."""
+        if self.codec.lossless or frame.numel == 0:
+            return frame
+        if self.codec.kind in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if self.codec.kind == "bf16" else torch.float16
+            return Frame(frame.words, frame.numel, dtype)
+        return Frame(frame.words, self.codec.nbytes(frame.numel, frame.dtype), torch.uint8)
+
+    def empty(self, frame: Frame) -> torch.Tensor:
+        """A buffer to receive one message of `frame` (the model's frame) into."""
+        return self.link.empty(self.frame(frame))
+
+    def pack(self, frame: Frame, header: Sequence[int], tensors: Sequence[torch.Tensor] = (),
+             out: torch.Tensor | None = None, feedback: str | None = None) -> torch.Tensor:
+        """A message of `frame` (the model's frame) in the wire format: `header`, then the
+        tensors' values encoded. `feedback` names a quantity sent again and again (a
+        worker's model, its gradient): the error of each encoding is added to the next."""
+        wire = self.frame(frame)
+        if wire is frame:
+            return self.link.pack(frame, header, tensors, out=out)
+        message = self.link.empty(wire) if out is None else out
+        wire.write_header(message, header)
+        values = self.link.flat(tensors).to(torch.float32) if tensors else None
+        if values is None:
+            return message
+        if feedback is not None:
+            residual = self._residuals.setdefault(feedback, (Residual(), Residual()))[0]
+            residual.add_into(values)
+            data = self.codec.encode(values)
+            residual.keep(values, self.codec.decode(data, torch.empty_like(values)))
+        else:
+            data = self.codec.encode(values)
+        wire.payload(message).view(torch.uint8).copy_(data.to(message.device))
+        return message
+
+    def payload(self, frame: Frame, message: torch.Tensor) -> torch.Tensor:
+        """The flat model a message of `frame` carries, in the model's dtype: a view into
+        `message` where the wire is lossless, else decoded into a new buffer."""
+        wire = self.frame(frame)
+        if wire is frame:
+            return frame.payload(message)
+        out = torch.empty(frame.numel, dtype=frame.dtype, device=message.device)
+        return self.codec.decode(wire.payload(message).view(torch.uint8), out)
 
     # --- collectives (the training thread) ----------------------------------------------------
     def all_reduce(self, step: Step | None, flat: torch.Tensor, key: str,

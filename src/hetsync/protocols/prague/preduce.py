@@ -293,7 +293,7 @@ class _Auto(PReducer):
 
     def choose(self, k: int, nbytes: float) -> PReducer:
         """The kind for `k` members averaging a buffer of `nbytes` as declared (`--payload`)."""
-        if self._network is None:
+        if self._network is None or not self._network.emulated:
             return self._kinds[free_network_kind(nbytes)]
         key = (k, nbytes)
         if key not in self._chosen:
