@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
@@ -43,7 +43,6 @@ else:  # pragma: no cover - Python 3.10
 
 __all__ = ["RunConfig", "default_out", "load_toml", "option_fields"]
 
-_T = TypeVar("_T")
 #: The longest duration an option may give (30 days): beyond it a value is a typo or a unit
 #: mistaken, and the OS's sleep and timers overflow far later, inside a worker.
 _LONGEST_S = 30 * 24 * 3600.0
@@ -147,7 +146,7 @@ class RunConfig(_RunOptions):
     Built from flat keywords, as the command line gives them: `RunConfig(protocol="hop",
     max_gap=4)`; a protocol option of another protocol than `protocol` is refused. A
     protocol's options read as attributes too (`config.max_gap`), for its own checks and
-    driver; `options_of(Options)` is the typed way.
+    driver.
     """
 
     DEFAULT_MAX_TIME = 120.0
@@ -198,13 +197,6 @@ class RunConfig(_RunOptions):
         if name in owners:
             raise ConfigError(_not_its_own(name, self.protocol, owners))
         raise AttributeError(f"{type(self).__name__} has no option {name!r}")
-
-    def options_of(self, cls: type[_T]) -> _T:
-        """The protocol's options as its own `Options` class; TypeError where the run's
-        protocol has others (a driver asked for the wrong ones)."""
-        if not isinstance(self.protocol_options, cls):
-            raise TypeError(f"protocol {self.protocol} has no {cls.__module__}.{cls.__name__}")
-        return self.protocol_options
 
     def to_dict(self) -> dict[str, Any]:
         """Every option as flat keywords (`RunConfig(**config.to_dict())` is a copy)."""

@@ -58,23 +58,6 @@ class Frame:
         """The whole message's size: header and payload."""
         return self.words * _WORD + self.payload_bytes
 
-    def empty(self, device: torch.device | str | None = None) -> torch.Tensor:
-        """A buffer to receive one message into."""
-        return torch.empty(self.nbytes, dtype=torch.uint8, device=device)
-
-    def pack(self, header: Sequence[int], tensors: Sequence[torch.Tensor] = (),
-             device: torch.device | str | None = None) -> torch.Tensor:
-        """A new message: `header` (exactly `words` integers), then `tensors`' values
-        (detached) on `device` (default: the first tensor's, else the CPU)."""
-        if device is None:
-            device = tensors[0].device if tensors else "cpu"
-        message = self.empty(device)
-        self.write_header(message, header)
-        if self.numel:
-            torch.cat([t.detach().reshape(-1).to(device, self.dtype) for t in tensors],
-                      out=self.payload(message))
-        return message
-
     def write_header(self, message: torch.Tensor, header: Sequence[int]) -> None:
         """Write `header` (exactly `words` integers) at the start of `message`."""
         if len(header) != self.words:

@@ -78,11 +78,6 @@ class Runtime:
     """True under `hetsync launch`/`train`, whose parent process monitors and evaluates."""
     hang_timeout: float
     """`--hang-timeout`: how long a worker without progress may go before it counts as hung."""
-    host_group: dist.ProcessGroup | None = None
-    """Where messages in host memory go: the default group on gloo (None); under NCCL a gloo
-    group of all ranks, for the messages received on threads from several peers (ps,
-    adpsgd, hop, Prague's Group Generator: `PeerStreams`). Buffers sent there are staged
-    through host memory."""
     clock_started: threading.Event = dataclasses.field(default_factory=threading.Event)
     """Set once `t0` is the run's (receiver threads may get a message before that)."""
     lost: LostWorkers | None = None
@@ -247,7 +242,7 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
         config=config, store=control, t0=time.time(), run_dir=run_dir, launched=launched,
         hang_timeout=config.hang_timeout,
-        host_group=host_group, lost=lost, links=Links.of(backend, device, host_group, lost),
+        lost=lost, links=Links.of(backend, device, host_group, lost),
         message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
     _install_failure_reporting(_RUNTIME)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hetsync.protocols.dpsgd.wire import ModelHeader, frame
+from hetsync.transport.links import Link
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
@@ -18,7 +19,8 @@ from hetsync.protocols.dpsgd.wire import ModelHeader, frame
 def test_a_header_and_its_model_survive(dtype, header):
     model = [torch.randn(5).to(dtype)]
     fr = frame(model)
-    received = fr.empty()
-    received.copy_(fr.pack(header.encode(), model))
+    link = Link.default()
+    received = link.empty(fr)
+    received.copy_(link.pack(fr, header.encode(), model))
     assert ModelHeader.decode(fr, received) == header
     assert torch.equal(fr.payload(received), model[0])

@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from hetsync.protocols.hop.wire import TOKEN_FRAME, TokenHeader, UpdateHeader, update_frame
+from hetsync.transport.links import Link
+
+LINK = Link.default()
 
 
 def _received(fr, message):
-    buffer = fr.empty()
+    buffer = LINK.empty(fr)
     buffer.copy_(message)  # what a receive into a fresh buffer holds
     return buffer
 
@@ -23,7 +26,7 @@ def _received(fr, message):
 def test_an_update_and_its_model_survive(dtype, header):
     model = [torch.randn(3, 2).to(dtype)]
     fr = update_frame(model)
-    message = _received(fr, fr.pack(header.encode(), model))
+    message = _received(fr, LINK.pack(fr, header.encode(), model))
     assert UpdateHeader.decode(fr, message) == header
     assert UpdateHeader.decode(fr, message).end == (header.tag is None)
     assert torch.equal(fr.payload(message), model[0].reshape(-1))
@@ -31,6 +34,6 @@ def test_an_update_and_its_model_survive(dtype, header):
 
 @pytest.mark.parametrize("count", [0, 1, 2**24 + 1, None])
 def test_a_token_count_survives(count):
-    message = _received(TOKEN_FRAME, TOKEN_FRAME.pack(TokenHeader(count).encode()))
+    message = _received(TOKEN_FRAME, LINK.pack(TOKEN_FRAME, TokenHeader(count).encode()))
     assert TokenHeader.decode(TOKEN_FRAME, message) == TokenHeader(count)
     assert TokenHeader.decode(TOKEN_FRAME, message).end == (count is None)

@@ -50,7 +50,9 @@ def test_a_bye_closes_the_round_that_waited_for_the_leaver():
     assert server.handle(Bye(rank=2)) == [
         Apply(version=1, divisor=2, buffer_divisor=2, lr_scale=1.0),
         Answer(ranks=(0, 1), version=1, staleness=0, stop=False)]
-    assert server.has_left(2) and not server.has_left(0)
+    assert server.handle(Push(rank=0, version=1, vote=False)) == [Accumulate(rank=0)]
+    with pytest.raises(RemoteProtocolError, match="that rank left"):
+        server.handle(Push(rank=2, version=1, vote=False))
 
 
 def test_async_applies_each_push_at_1_over_n_and_reports_its_staleness():
@@ -73,7 +75,6 @@ def test_a_worker_lost_with_its_push_in_the_open_round_leaves_when_that_round_cl
     server.handle(Push(rank=0, version=0, vote=False))
     server.handle(Push(rank=2, version=0, vote=False))
     assert server.handle(WorkerLost(rank=2)) == []
-    assert server.has_left(2)
     assert server.handle(Push(rank=1, version=0, vote=False)) == [
         Accumulate(rank=1), Apply(version=1, divisor=3, buffer_divisor=3, lr_scale=1.0),
         Answer(ranks=(0, 2, 1), version=1, staleness=0, stop=False)]  # rank 2's goes nowhere
@@ -92,7 +93,7 @@ def test_a_worker_lost_between_pushes_closes_the_round_that_waited_for_it():
     async_server = PSServerCore(2, mode="async")
     async_server.handle(Push(rank=1, version=0, vote=False))
     assert async_server.handle(WorkerLost(rank=1)) == []
-    assert async_server.has_left(1)
+    assert async_server.handle(Push(rank=1, version=1, vote=False)) == []  # it no longer counts
 
 
 def test_what_a_lost_worker_sent_before_its_loss_is_dropped_by_the_core():

@@ -38,7 +38,7 @@ def _mean(values: list[float]) -> float:
 def _push(server: _Server, grad: list[float], version: int = 0,
           delta: tuple[float, ...] = ()) -> torch.Tensor:
     """A push as a worker sends it: kind, version and vote as int64 words, then its values."""
-    return server.frame.pack((1, version, 0), [torch.tensor([*grad, *delta])])
+    return server.link.pack(server.frame, (1, version, 0), [torch.tensor([*grad, *delta])])
 
 
 def _read(server: _Server, reply: torch.Tensor) -> list[float]:
@@ -131,7 +131,7 @@ def test_rank_0_s_tensors_pushed_as_they_are_step_the_server_as_its_packed_messa
             header = PushHeader(version, False)
             assert server.takes_tensors(grads)
             push = (_Tensors(header, grads, delta) if unpacked
-                    else server.frame.pack(header.encode(), [*grads, delta]))
+                    else server.link.pack(server.frame, header.encode(), [*grads, delta]))
             reply = server.push(push)
             server.release(reply)
         replies.append(reply.clone())

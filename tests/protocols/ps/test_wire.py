@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from hetsync.protocols.ps.wire import PushHeader, ReplyHeader, frame
+from hetsync.transport.links import Link
 
+LINK = Link.default()
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
 def _received(fr, message):
-    buffer = fr.empty()
+    buffer = LINK.empty(fr)
     buffer.copy_(message)  # what a receive into a fresh buffer holds
     return buffer
 
@@ -26,11 +28,11 @@ def _received(fr, message):
 def test_a_header_and_its_payload_survive(dtype, header):
     payload = torch.randn(7).to(dtype)
     fr = frame(payload.numel(), dtype)
-    message = _received(fr, fr.pack(header.encode(), [payload]))
+    message = _received(fr, LINK.pack(fr, header.encode(), [payload]))
     assert type(header).decode(fr, message) == header
     assert torch.equal(fr.payload(message), payload)
 
 
 def test_a_push_is_no_goodbye():
     fr = frame(0, torch.float32)
-    assert not PushHeader.decode(fr, fr.pack(PushHeader(3, True).encode())).bye
+    assert not PushHeader.decode(fr, LINK.pack(fr, PushHeader(3, True).encode())).bye

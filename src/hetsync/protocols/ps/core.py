@@ -247,10 +247,6 @@ class PSServerCore(Core[Push | Bye | WorkerLost, ServerDecision]):
         """Gradients dropped so far (sync with backups)."""
         return self.rounds.dropped
 
-    def has_left(self, rank: int) -> bool:
-        """Whether `rank` said goodbye or was lost: nothing more of it counts."""
-        return bool(self._left[rank])
-
     @property
     def who(self) -> str:
         return "ps server"
