@@ -3,8 +3,8 @@ allocation (glibc maps anything above its mmap threshold, at most 32 MB, as new 
 
 For each size, the time of `torch.empty(n).copy_(x)` (what a driver that allocates per message
 pays) against `buf.copy_(x)` into one buffer allocated once, in one thread; median of
-`--repeats` runs of a loop of 20. Takes seconds. Quoted in docs/real-compute.md ("Model-sized
-buffers").
+`--repeats` runs of a loop of 20. Takes seconds. Quoted in docs/notes/real-compute-log.md
+("Model-sized buffers").
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ compute (forward, backward, optimizer step) and the median wall time of the whol
 compute's CPU time tells a slower core (caches, memory: CPU time grows) from a core shared with
 other threads (wall time grows, CPU time does not). Takes 8 x `--steps` steps plus start-ups
 (a minute or two for resnet).
-Quoted in docs/real-compute.md ("Where the compute inflation came from").
+Quoted in docs/notes/real-compute-log.md ("Where the compute inflation came from").
 """
 
 from __future__ import annotations

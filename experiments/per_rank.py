@@ -13,8 +13,8 @@ second at a neighbour of the straggler, at the protocol. Beside them, each secon
 training thread and of the rank's other threads (protocol threads, gloo's), as a percentage
 of a core, from the rows that count it (`cpu_s`, about one a second): a slow second whose
 training thread had the whole core and whose other threads next to none is the core's speed,
-not a thread of the protocol's taking it (docs/real-compute.md, real-small-14). Quoted in
-docs/real-compute.md (the leases' sections).
+not a thread of the protocol's taking it (docs/notes/real-compute-log.md, real-small-14). Quoted in
+docs/notes/real-compute-log.md (the leases' sections).
 """
 
 from __future__ import annotations

@@ -1,18 +1,17 @@
 """What a protocol costs the training thread, per iteration, at N workers (issue 22).
 
-At 8 workers on 16 cores Hop's training threads spent about 3 points more of the run outside
-the compute step than AD-PSGD's (docs/real-compute.md, "The `real` suite at 8 workers"). This
-measures that cost where a 2-core machine can: N gloo processes run the real drivers of the
+At 8 workers on 16 cores Hop's training threads spent about 3 points more of the run outside the
+compute step than AD-PSGD's (docs/notes/real-compute-log.md, "The `real` suite at 8 workers").
+This measures that cost where a 2-core machine can: N gloo processes run the real drivers of the
 named variants on a workload's real tensors, with the compute replaced by a sleep (so that the
-receivers work while the training thread "computes", as with real compute, and N processes
-fit on 2 cores). The model is laid out in one buffer, as `hetsync.SyncOptimizer` lays it
-out (hetsync.transport.contiguous), or with `--per-tensor` also left as separate tensors,
-each variant both ways in the same round. The training thread's CPU time
-(`time.thread_time`) inside the protocol's
-hooks (`begin_iteration`, `before_optimizer_step`, `after_optimizer_step`) is what the
-protocol takes from the compute; CPU time, unlike wall time, does not count waiting for a
-neighbour nor another process holding the core. The other threads' CPU (gloo's, the
-protocol's receivers) is reported beside it, per iteration.
+receivers work while the training thread "computes", as with real compute, and N processes fit
+on 2 cores). The model is laid out in one buffer, as `hetsync.SyncOptimizer` lays it out
+(hetsync.transport.contiguous), or with `--per-tensor` also left as separate tensors, each
+variant both ways in the same round. The training thread's CPU time (`time.thread_time`) inside
+the protocol's hooks (`begin_iteration`, `before_optimizer_step`, `after_optimizer_step`) is
+what the protocol takes from the compute; CPU time, unlike wall time, does not count waiting for
+a neighbour nor another process holding the core. The other threads' CPU (gloo's, the protocol's
+receivers) is reported beside it, per iteration.
 
     .venv/bin/python experiments/protocol_hook_cost.py [--workers 8] [--workload resnet] \\
         [--variants hop,hop-stale-skip,adpsgd,dpsgd,allreduce] [--iterations 60] \\

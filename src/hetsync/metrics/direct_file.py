@@ -3,7 +3,7 @@
 Why: a worker writes a snapshot of its model every few seconds. `torch.save` straight into a
 new file fills fresh page-cache pages, and on a VM a fresh page costs a first touch: 105-117
 ms of CPU for a 45 MB model on this project's 2-core VM, 0.4-0.5 s between two steps at a
-quarter of a core (docs/real-compute.md, "What Hop's fast worker waits for beside a
+quarter of a core (docs/notes/real-compute-log.md, "What Hop's fast worker waits for beside a
 quarter-core straggler"). Serialized into memory this object keeps (its pages touched once)
 and written with `O_DIRECT` from there, the same snapshot took 6-7 ms of CPU and a 2-3 ms
 write that waits 21-24 ms on the disk, not on the CPU. A small image goes through the page
