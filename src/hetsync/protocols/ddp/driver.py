@@ -38,7 +38,6 @@ device (no `device_ids`), as under the other protocols.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import torch
@@ -48,7 +47,6 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.hooks import RemovableHandle
 
 from hetsync.errors import ConfigError
-from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols.allreduce.core import (
     AllReduceWorker,
     Finish,
@@ -59,7 +57,7 @@ from hetsync.protocols.allreduce.core import (
 )
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.registry import register_protocol
-from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
+from hetsync.transport.flat import model_tensors
 from hetsync.transport.runtime import Runtime
 
 
@@ -79,6 +77,7 @@ class DDP(Protocol):
             raise ConfigError(f"ddp: --backend nccl reduces on the GPU, but the model is on "
                               f"{device}: move it to a GPU, or use --backend gloo")
         self.link = runtime.links.direct
+        self.channel = self.open_channel(self.link)
         # The gradients are views into DDP's buckets: no copy of them into the buckets before
         # the all-reduce and back after it (with the 45 MB model, 4-12 % more samples/s in
         # three alternated pairs; docs/real-compute.md, "DDP's gradients in its buckets").
@@ -166,7 +165,6 @@ class DDP(Protocol):
         if step is None:
             raise RuntimeError("DDP protocol: backward() ran before SyncOptimizer bound a step")
         step.begin_sync()
-        world = self.runtime.world_size
         if self._reduce is None:  # the iteration's first bucket
             for decision in self.core.handle(GradientsReady(iteration=step.iteration,
                                                             wants_stop=step.wants_stop)):
@@ -182,22 +180,11 @@ class DDP(Protocol):
         else:
             flat = buffer
         flat[: buffer.numel()].div_(reduce.divisor)
-        step.bytes_sent += ring_allreduce_bytes(flat, world)
-        if step.on_phase is not None:
-            step.on_phase("sync")
-        began = time.perf_counter()
-        self.runtime.before_send()
-        work = self.link.all_reduce(flat, async_op=True)
-        assert work is not None
-        future = work.get_future()
+        future = self.channel.all_reduce_async(step, flat, f"bucket{index}",
+                                               exact_tail=1 if voting else 0)
 
-        def finish(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
-            reduced = fut.value()[0]
-            step.sync_wait_s += time.perf_counter() - began
-            if self.network is not None:
-                nbytes = self.network.scaled(reduced.numel() * reduced.element_size())
-                self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
-                                            f"bucket{index}", time.perf_counter() - began)
+        def finish(fut: torch.futures.Future[torch.Tensor]) -> torch.Tensor:
+            reduced = fut.value()
             if voting:
                 self._votes = round(float(reduced[-1]))
             if flat is not buffer:

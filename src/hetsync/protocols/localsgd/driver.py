@@ -13,14 +13,11 @@ moments) stays each worker's own.
 
 from __future__ import annotations
 
-import time
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
-from hetsync.network.patterns import ring_allreduce
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.localsgd.core import (
     Average,
@@ -34,7 +31,7 @@ from hetsync.protocols.localsgd.core import (
     outer_nesterov,
 )
 from hetsync.protocols.registry import register_protocol
-from hetsync.transport.flat import model_tensors, ring_allreduce_bytes
+from hetsync.transport.flat import model_tensors
 from hetsync.transport.runtime import Runtime
 
 
@@ -50,6 +47,7 @@ class LocalSGD(Protocol):
         super().__init__(runtime, model, optimizer)
         config = runtime.config
         self.link = runtime.links.direct
+        self.channel = self.open_channel(self.link)
         self.tensors = model_tensors(model)
         params = [p for p in model.parameters() if p.is_floating_point()]
         self.params = self.tensors[:len(params)]  # model_tensors puts them first
@@ -103,20 +101,10 @@ class LocalSGD(Protocol):
         flat = self._round = self.link.flat(self.tensors, float(average.vote),
                                             float(average.moved), out=self._round)
         flat[:-2].div_(world)
-        blocking: AbstractContextManager[Any] = nullcontext() if step is None else step.blocking()
-        with blocking:
-            began = time.perf_counter()
-            self.runtime.before_send()
-            self.link.all_reduce(flat)
-        if self.network is not None and step is not None:
-            nbytes = self.network.scaled(flat.numel() * flat.element_size())
-            self.network.after_blocking(step, ring_allreduce(range(world), nbytes),
-                                        "localsgd", time.perf_counter() - began)
+        self.channel.all_reduce(step, flat, "localsgd", exact_tail=2)
         votes, moved = (round(float(word)) for word in flat[-2:])
         self._mean = flat[:-2]
         self._execute(self.core.handle(Averaged(round=average.round, votes=votes, moved=moved)))
-        if step is not None:
-            step.bytes_sent += ring_allreduce_bytes(flat, world)
 
     def on_finish(self, finish: Finish) -> None:
         """After a round, its mean (or DiLoCo's outer step from it) becomes the model."""
