@@ -1,5 +1,6 @@
-"""Every relative markdown link in README.md, DEVELOPERS.md and docs/ names a file that exists,
-so that moving a document or a run folder cannot leave a reader at a dead link."""
+"""Every relative markdown link in README.md, DEVELOPERS.md and docs/, and every doc path the
+code names, is a file that exists, so that moving a document or a run folder cannot leave a
+reader at a dead link."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def test_a_dead_link_is_found(tmp_path: Path) -> None:
     document.write_text("[ok](b.md#x) [gone](c.md) ![gone too](p/d.png) [web](https://x.org) "
                         "`[code](e.md)` [here](#y)\n```\n[fenced](f.md)\n```\n")
     assert dead_links(document) == ["c.md", "p/d.png"]
+
+
+def test_every_doc_path_named_in_the_code_exists() -> None:
+    """A docstring or comment that sends the reader to a doc under docs/ names one that
+    exists."""
+    named = re.compile(r"\bdocs/[\w./-]*\w\.md\b")
+    missing = {}
+    for folder in ("src", "experiments", "examples", "tests"):
+        for source in sorted((ROOT / folder).rglob("*.py")):
+            paths = [p for p in named.findall(source.read_text(encoding="utf-8"))
+                     if not (ROOT / p).exists()]
+            if paths:
+                missing[str(source.relative_to(ROOT))] = paths
+    assert missing == {}
