@@ -70,6 +70,7 @@ class DPSGD(Protocol):
         self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.direct  # known peers: on the GPU under NCCL
+        self.channel = self.open_channel(self.link)
         self.core = self._new_core(config.max_iterations)
         self._exchange: _Posted | None = None
         self._step = Step(0)  # the step whose decisions are being carried out
@@ -106,11 +107,8 @@ class DPSGD(Protocol):
         step.begin_sync()
         k = step.iteration
         decisions = self.core.handle(ComputeFinished(iteration=k, wants_stop=step.wants_stop))
-        with step.blocking():
-            for work in inflight.works:
-                work.wait()
-        if self.network is not None:
-            self._charge_network(step, exchange, [send, *received.values()])
+        self.channel.wait(step, inflight.works)
+        self._charge_network(step, exchange, [send, *received.values()])
         for j, buf in received.items():
             stop_at = ModelHeader.decode(self.frame, buf).stop_at
             decisions += self.core.handle(ModelReceived(src=j, iteration=k, stop_at=stop_at))
@@ -125,32 +123,30 @@ class DPSGD(Protocol):
     def on_exchange(self, exchange: Exchange) -> None:
         """Post the exchange of x_k: it runs while the gradient is computed."""
         step = self._step
-        posted = self.runtime.elapsed() if self.network is not None else 0.0  # network model
-        send = self.link.pack(self.frame, ModelHeader(exchange.stop_at, posted).encode(),
-                              self.tensors, out=self._buffer())
+        header = ModelHeader(exchange.stop_at, self.channel.stamp()).encode()
+        send = self.channel.pack(self.frame, header, self.tensors, out=self._buffer(),
+                                 feedback="model")
         received = {j: self._buffer() for j in exchange.receive_from}
-        self.runtime.before_send()
-        works = self.link.post([(send, j) for j in exchange.send_to],
-                               [(buf, j) for j, buf in received.items()], _TAG)
-        step.bytes_sent += send.numel() * send.element_size() * len(exchange.send_to)
+        works = self.channel.post(step, [(send, j) for j in exchange.send_to],
+                                  [(buf, j) for j, buf in received.items()], _TAG)
         self._exchange = _Posted(send, received, works, exchange)
 
     def on_average(self, average_: Average) -> None:
         """Average x_k with the neighbours' x_k, all in (`before_optimizer_step`)."""
         inflight = self._exchange
         assert inflight is not None
-        inputs = [(self.frame.payload(buf), average_.weights[j])
+        inputs = [(self.channel.payload(self.frame, buf), average_.weights[j])
                   for j, buf in inflight.received.items()]
         self._scratch = self.drift.mix_into(self.link, self.tensors, average_.self_weight,
-                                            self.frame.payload(inflight.send), inputs,
-                                            out=self._scratch)
+                                            self.channel.payload(self.frame, inflight.send),
+                                            inputs, out=self._scratch)
         self._step.stop = average_.stop
         self._spare += [inflight.send, *inflight.received.values()]  # the exchange is over
 
     def _buffer(self) -> torch.Tensor:
         """A message buffer: one a finished exchange left, else a new one (reused because a
         new model-sized buffer costs page faults, see Link.flat)."""
-        return self._spare.pop() if self._spare else self.link.empty(self.frame)
+        return self._spare.pop() if self._spare else self.channel.empty(self.frame)
 
     def _charge_network(self, step: Step, exchange: Exchange,
                         buffers: list[torch.Tensor]) -> None:
@@ -158,14 +154,14 @@ class DPSGD(Protocol):
         sent to the out-peers and received from the in-peers, from the latest time one was
         posted (each message's `ModelHeader.posted`; `buffers`: the one sent, then those
         received)."""
-        assert self.network is not None
         rank = self.runtime.rank
-        nbytes = self.network.scaled(self.frame.payload_bytes)
-        messages = fan_out(rank, exchange.send_to, nbytes)
-        messages += [Message(j, rank, nbytes) for j in exchange.receive_from]
+
+        def pattern(nbytes: float) -> list[Message]:
+            return fan_out(rank, exchange.send_to, nbytes) + [
+                Message(j, rank, nbytes) for j in exchange.receive_from]
+
         posted = max(ModelHeader.decode(self.frame, buf).posted for buf in buffers)
-        modelled = self.network.duration(messages)
-        self.network.hold_until(step, self.runtime.t0 + posted + modelled, modelled)
+        self.channel.hold(step, pattern, self.channel.frame(self.frame).payload_bytes, posted)
 
     def close(self) -> None:
         """An exchange begun by an iteration that never ran (the script's loop ended without
