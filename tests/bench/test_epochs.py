@@ -6,14 +6,23 @@ suite's own measurement is docs/bench/epochs/."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from hetsync.bench.epochs import epoch_table, goal_lines, ideal_seconds
 from hetsync.bench.markdown import write_markdown
 from hetsync.bench.results import collect
-from hetsync.bench.runner import BenchOptions, plan
-from hetsync.bench.suites import EPOCHS, EPOCHS_N, REAL_EPOCHS_N
+from hetsync.bench.runner import BenchOptions, _sampler_of, plan
+from hetsync.bench.suites import (
+    EPOCHS,
+    EPOCHS_LM,
+    EPOCHS_N,
+    LM_EPOCHS_N,
+    LM_SCRIPT,
+    REAL_EPOCHS_N,
+)
+from hetsync.data.dealing import ENV_SAMPLER
 
 #: digits: 1497 training samples, whole batches of 16 an epoch.
 SAMPLES = EPOCHS_N * (1497 // 16 * 16)
@@ -120,3 +129,54 @@ def test_the_goals_are_reported_met_or_not_with_their_figures(results, tmp_path)
     assert "Ideal from the emulated step times." in report
     assert "![rank 3 4x slow: samples dealt per worker](plots/dealt_rank_3_4x_slow.png)" in report
     assert (tmp_path / "plots" / "dealt_rank_3_4x_slow.png").stat().st_size > 0
+
+
+def test_the_language_models_runs_launch_the_script_with_the_epochs_and_its_sampler(tmp_path):
+    runs = plan(EPOCHS_LM, BenchOptions(suite="epochs-lm"), tmp_path)
+    assert not any(r.not_applicable for r in runs)
+    for run in runs:
+        script, *args = run.config.script
+        assert script.endswith("examples/strangers/lstm_language_model/with_hetsync.py")
+        assert args == [*LM_SCRIPT[1:], "--epochs", str(LM_EPOCHS_N), "--seed", "0", "--out",
+                        str(run.run_dir / "script")]
+        assert (run.config.epochs, run.config.workers, run.config.step_time) == (None, 4, 50.0)
+        with _sampler_of(run):
+            assert os.environ[ENV_SAMPLER] == run.variant.options["sampler"]
+        assert ENV_SAMPLER not in os.environ
+    assert {r.variant.label for r in runs} == {f"{p} {s}" for p in ("allreduce", "adpsgd",
+                                                                      "hop-skip", "prague")
+                                               for s in ("static", "dynamic")}
+
+
+def test_a_scripts_rows_count_batches_and_its_workers_test_losses(tmp_path):
+    """The ideal of the language model's epochs: the batches its dynamic rows were dealt (a
+    lock-step protocol's equal shares pad them) at the step times' rates; the final loss the
+    mean of the workers' own."""
+    options = BenchOptions(suite="epochs-lm", variants="allreduce static,allreduce dynamic,"
+                           "adpsgd dynamic")
+    suite = options.chosen_suite()
+    runs = plan(suite, options, tmp_path)
+    for run in runs:
+        dynamic = run.variant.label == "adpsgd dynamic"
+        iterations = [150, 150, 150, 21] if dynamic else [120] * 4
+        (run.run_dir / "workers").mkdir(parents=True)
+        (run.run_dir / "summary.json").write_text(json.dumps(
+            {**_summary(8.0 if dynamic else 30.0, iterations), "batch_size": None,
+             "samples_per_s": None, "final_loss": None, "final_accuracy": None}))
+        for rank, count in enumerate(iterations):
+            (run.run_dir / "workers" / f"rank{rank}.jsonl").write_text(
+                json.dumps({"t": 1.0, "iteration": count}) + "\n")
+            (run.run_dir / "script" / f"rank{rank}").mkdir(parents=True)
+            (run.run_dir / "script" / f"rank{rank}" / "result.json").write_text(
+                json.dumps({"metric": "test_loss", "value": 3.0 + 0.1 * rank}))
+    figures = collect(suite, options, runs, tmp_path)
+    slow = next(s for s in figures["settings"] if s["name"] == "rank 3 4x slow")
+    rows = {r["label"]: r for r in slow["results"]}
+    assert slow["ideal_s"] == pytest.approx(471 / (3 * 20 + 5), abs=1e-3)  # not 480
+    assert rows["adpsgd dynamic"]["final_loss"] == pytest.approx(3.15)
+    assert rows["adpsgd dynamic"]["samples_per_worker"] == [150, 150, 150, 21]
+    assert rows["adpsgd dynamic"]["speedup_vs_baseline"] == pytest.approx(30.0 / 8.0)
+    table = epoch_table(slow)
+    assert "| batches per worker |" in table and "| adpsgd dynamic | 8.00 |" in table
+    report = write_markdown(figures, runs, tmp_path, "hetsync bench --suite epochs-lm")
+    assert "the script `examples/strangers/lstm_language_model" in report.read_text()

@@ -1,9 +1,11 @@
 """The LSTM language model of plain.py made data-parallel by hetsync: the lines marked
 `# hetsync` are the only changes (tests/examples/test_own_script.py counts them).
 
-Each worker trains on its own contiguous piece of the training stream; validation, the
-learning-rate decay, `torch.save(model, path)` of the whole module and its reload are the
-plain script's, on each worker's own model, in its own folder OUT/rank{r}. It never reads
+The training stream's batches are dealt to the workers as they ask, epoch by epoch
+(`hetsync.data.deal`: a faster worker takes more; under a lock-step protocol, or with
+`HETSYNC_SAMPLER=static`, each its own contiguous piece); validation, the learning-rate
+decay, `torch.save(model, path)` of the whole module and its reload are the plain script's,
+on each worker's own model, in its own folder OUT/rank{r}. It never reads
 `should_stop` and calls nothing of hetsync after its loop.
 
     hetsync launch --workers 2 --protocol hop \
@@ -22,7 +24,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import hetsync  # hetsync (added)
+import hetsync.data  # hetsync (added)
 
 MODULES = ("argparse", "collections/__init__", "contextlib", "dataclasses", "datetime",
            "difflib", "enum", "functools", "inspect", "pathlib", "statistics", "textwrap")
@@ -91,10 +93,9 @@ def main() -> None:
     if args.small:
         args.epochs, args.nhid = 1, 64
 
-    runtime = hetsync.init()  # hetsync (added): join the run
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    out = Path(args.out) / f"rank{runtime.rank}"  # hetsync (changed): a folder per worker
+    out = Path(args.out) / f"rank{hetsync.init().rank}"  # hetsync (changed): join; a folder each
     out.mkdir(parents=True, exist_ok=True)
     text = read_corpus(MODULES[:2] if args.small else MODULES)
     vocab = sorted(set(text))
@@ -102,10 +103,10 @@ def main() -> None:
     cut1, cut2 = int(0.8 * len(ids)), int(0.9 * len(ids))
     train_ids, val_ids, test_ids = ids[:cut1], ids[cut1:cut2], ids[cut2:]
     eval_batch_size = 10
-    train_ids = train_ids.chunk(runtime.world_size)[runtime.rank]  # hetsync (added): a piece each
     train_data = batchify(train_ids, args.batch_size, device)
     val_data = batchify(val_ids, eval_batch_size, device)
     test_data = batchify(test_ids, eval_batch_size, device)
+    batches = range(0, train_data.size(0) - 1, args.bptt)  # hetsync (added): their offsets
 
     ntokens = len(vocab)
     model = RNNModel(ntokens, 32, args.nhid, 2, 0.2).to(device)
@@ -128,7 +129,7 @@ def main() -> None:
     for epoch in range(1, args.epochs + 1):
         model.train()
         hidden = model.init_hidden(args.batch_size)
-        for i in range(0, train_data.size(0) - 1, args.bptt):
+        for i in hetsync.data.deal(batches, epoch=epoch):  # hetsync (changed): dealt as asked
             data, targets = get_batch(train_data, i, args.bptt)
             hidden = repackage_hidden(hidden)
             optimizer.zero_grad()

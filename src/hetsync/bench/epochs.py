@@ -9,12 +9,18 @@ alone, and one alone at the straggler's CPU share). Every row is also set agains
 with the static sampler (DistributedSampler's shares, the setting's baseline) and, for a
 dynamic row, against its own protocol with the static sampler (what dealing costs where it
 cannot gain: homogeneous workers).
+
+A script's setting (`Setting.script`, the language model of `epochs-lm`) counts batches, not
+samples: its ideal is the epochs' batches (those its dynamic rows were dealt, every batch
+once) at the step times' rates, and its final held-out loss the mean of its workers' own
+test losses (their `result.json`).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from hetsync.bench.runner import PlannedRun
@@ -43,9 +49,13 @@ def epoch_figures(suite: Suite, settings: list[dict[str, Any]], runs: list[Plann
             for s, out in zip(suite.settings, settings, strict=True) if s.reference}
     for setting, out in zip(suite.settings, settings, strict=True):
         out["epochs"] = setting.options.get("epochs", suite.epochs)
+        out["script"] = list(setting.script)
         if setting.reference:
             continue
-        ideal = ideal_seconds(setting, out["workers"], out["epochs"], solo)
+        if setting.script:
+            _script_losses(out["results"], [r for r in runs if r.setting == setting])
+        ideal = ideal_seconds(setting, out["workers"], out["epochs"], solo,
+                              _dealt_batches(out["results"]) if setting.script else None)
         by_label = {row["label"]: row for row in out["results"]}
         base = by_label.get(BASELINE)
         out["ideal_s"], out["ideal_from"] = ideal
@@ -54,7 +64,8 @@ def epoch_figures(suite: Suite, settings: list[dict[str, Any]], runs: list[Plann
             summaries = [json.loads((r.run_dir / "summary.json").read_text())
                          for r in mine if r.done]
             row["wall_time_range_s"] = _spread([s["wall_time_s"] for s in summaries])
-            row["final_loss_range"] = _spread([s["final_loss"] for s in summaries])
+            if not setting.script:
+                row["final_loss_range"] = _spread([s["final_loss"] for s in summaries])
             wall = row["wall_time_s"]
             row["ideal_s"] = ideal[0]
             row["epoch_ideal_fraction"] = _ratio(ideal[0], wall)
@@ -62,15 +73,22 @@ def epoch_figures(suite: Suite, settings: list[dict[str, Any]], runs: list[Plann
             static = by_label.get(row["label"].replace(" dynamic", " static"))
             row["time_vs_static"] = (_ratio(wall, static["wall_time_s"])
                                      if static is not row and static else None)
-            batch = summaries[0]["batch_size"] if summaries else None
+            batch = 1 if setting.script else summaries[0]["batch_size"] if summaries else None
             row["samples_per_worker"] = ([batch * i for i in row["iterations"]]
                                          if batch and row["iterations"] else None)
 
 
-def ideal_seconds(setting: Setting, workers: int, epochs: int,
-                  solo: dict[str, float | None]) -> tuple[float | None, str]:
+def ideal_seconds(setting: Setting, workers: int, epochs: int, solo: dict[str, float | None],
+                  script_batches: int | None = None) -> tuple[float | None, str]:
     """N epochs of the data's whole batches at the sum of the workers' rates alone, and
-    where the rates came from."""
+    where the rates came from; a script's setting: its `script_batches` (all its epochs')."""
+    if setting.script:
+        if not script_batches or not setting.step_time:
+            return None, "the step times and the dealt batches (no dynamic row done)"
+        spec = parse_slowdown(setting.slowdown)
+        total = sum(1000.0 / setting.step_time / spec.mean_factor(rank)
+                    for rank in range(workers))
+        return round(script_batches / total, 3), "the emulated step times"
     workload = get_workload(setting.workload or "digits")
     samples = epochs * (len(workload.load(None).train_y) // workload.batch_size
                         * workload.batch_size)
@@ -132,7 +150,8 @@ def goal_lines(results: dict[str, Any]) -> list[str]:
 
 
 def epoch_table(setting: dict[str, Any]) -> str:
-    lines = [_COLUMNS, ("---",) * len(_COLUMNS)]
+    columns = (*_COLUMNS[:-1], "batches per worker") if setting.get("script") else _COLUMNS
+    lines = [columns, ("---",) * len(columns)]
     for row in setting["results"]:
         lines.append((
             row["label"],
@@ -154,6 +173,8 @@ def epoch_lines(results: dict[str, Any], runs: list[PlannedRun], out: Path) -> l
         slowdown = setting["slowdown"]
         compute = (f"{setting['step_time']:g} ms emulated compute per iteration"
                    if setting["step_time"] else "real compute, workers pinned")
+        if setting.get("script"):
+            compute += f", the script `{' '.join(setting['script'])}` under hetsync launch"
         sections += [f"## {setting['name']}\n",
                      f"{setting['workers']} worker(s), {setting['epochs']} epochs, {compute}, "
                      f"slowdown `{slowdown}`."
@@ -191,7 +212,8 @@ def plot_dealt(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> Pa
                 name, sampler = run.variant.label.rsplit(" ", 1)
                 if name != family:
                     continue
-                batch = run.config.batch_size or get_workload(run.config.workload).batch_size
+                batch = 1 if run.setting.script else (
+                    run.config.batch_size or get_workload(run.config.workload).batch_size)
                 workers = _worker_rows(run.run_dir)
                 shades = rank_shades(protocol_colour(family, run.config.protocol), len(workers))
                 for (rank, worker), colour in zip(workers, shades, strict=True):
@@ -206,8 +228,9 @@ def plot_dealt(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> Pa
             ax.set_visible(False)
         axes[0, 0].legend(fontsize="x-small")
         fig.supxlabel("wall-clock time (s)")
-        fig.supylabel("samples taken")
-        fig.suptitle(f"{setting['name']}: samples per worker (dashed: static, solid: dynamic)",
+        taken = "batches" if setting.get("script") else "samples"
+        fig.supylabel(f"{taken} taken")
+        fig.suptitle(f"{setting['name']}: {taken} per worker (dashed: static, solid: dynamic)",
                      fontsize="medium")
         fig.tight_layout()
         out.mkdir(parents=True, exist_ok=True)
@@ -216,6 +239,32 @@ def plot_dealt(setting: dict[str, Any], runs: list[PlannedRun], out: Path) -> Pa
     finally:
         plt.close(fig)
     return path
+
+
+def _script_losses(rows: list[dict[str, Any]], runs: list[PlannedRun]) -> None:
+    """A script's rows' final held-out loss: per run the mean of its workers' `value` in
+    `result.json` (each worker's own model), the median over repeats and their range; no
+    accuracy."""
+    for row in rows:
+        losses = [mean for mean in (_result_mean(r.run_dir / "script") for r in runs
+                                    if r.variant.label == row["label"] and r.done)
+                  if mean is not None]
+        row["final_loss"] = round(median(losses), 4) if losses else None
+        row["final_loss_range"] = _spread(losses)
+        row["final_accuracy"] = None
+
+
+def _result_mean(folder: Path) -> float | None:
+    values = [json.loads(p.read_text())["value"] for p in sorted(folder.glob("rank*/result.json"))]
+    return sum(values) / len(values) if values else None
+
+
+def _dealt_batches(rows: list[dict[str, Any]]) -> int | None:
+    """All the epochs' batches of a script, as its dynamic rows were dealt them: the fewest
+    (each batch once where dealt; a lock-step protocol's equal shares pad the last)."""
+    dealt = [sum(r["iterations"]) for r in rows
+             if r["label"].endswith(" dynamic") and r["repeats_done"] and r["iterations"]]
+    return min(dealt) if dealt else None
 
 
 def _worker_rows(run_dir: Path) -> list[tuple[int, list[dict[str, Any]]]]:

@@ -8,16 +8,21 @@ retries it, as it does a run that was interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 from hetsync.bench.progress import SuiteProgress
 from hetsync.bench.side_by_side import run_side_by_side
 from hetsync.bench.suites import Setting, Suite, Variant, eval_every, get_suite
 from hetsync.config import RunConfig
+from hetsync.data.dealing import ENV_SAMPLER
 from hetsync.errors import ConfigError, Deadlock, WorkerFailed
 from hetsync.launch.launcher import run as launch
 from hetsync.metrics import strict_json
@@ -134,7 +139,7 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
     for setting in suite.settings:
         for variant in suite.variants_of(setting):
             for repeat in range(options.repeats):
-                config = RunConfig(**{
+                values = {
                     "workload": setting.workload or options.workload,
                     "workers": setting.workers or options.workers,
                     "step_time": options.step_time if setting.step_time is None
@@ -159,7 +164,9 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
                     **({"cpus_per_worker": options.cpus_per_worker}
                        if options.cpus_per_worker is not None else {}),
                     **variant.options,
-                })
+                }
+                config = RunConfig(**(_script_values(setting.script, values) if setting.script
+                                      else values))
                 try:
                     config.validate()
                 except ConfigError as error:
@@ -169,6 +176,39 @@ def plan(suite: Suite, options: BenchOptions, out: Path, quiet: bool = True) -> 
     if all(run.not_applicable for run in runs):
         raise ConfigError(f"no run of the suite can start: {runs[0].not_applicable}")
     return runs
+
+
+#: Where a script setting's path starts: the repository's root (its examples/).
+_ROOT = Path(__file__).resolve().parents[3]
+
+
+def _script_values(script: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """A script setting's run options: the script with the run's epochs, seed and a folder of
+    its own in the run's; the sampler goes to its workers' environment (`_sampler_of`)."""
+    kept = {k: v for k, v in values.items() if k not in ("epochs", "sampler")}
+    path, *args = script
+    return {**kept, "script": [str(_ROOT / path), *args, "--epochs", str(values["epochs"]),
+                               "--seed", str(values["seed"]),
+                               "--out", str(values["out"] / "script")]}
+
+
+@contextlib.contextmanager
+def _sampler_of(run: PlannedRun) -> Iterator[None]:
+    """A script setting's run with its variant's sampler in `HETSYNC_SAMPLER`, which the
+    workers inherit from the launcher (hetsync.data); other runs as they are."""
+    sampler = run.variant.options.get("sampler")
+    if not run.setting.script or sampler is None:
+        yield
+        return
+    before = os.environ.get(ENV_SAMPLER)
+    os.environ[ENV_SAMPLER] = sampler
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV_SAMPLER]
+        else:
+            os.environ[ENV_SAMPLER] = before
 
 
 def _claim_folder(out: Path, options: BenchOptions, resume: bool) -> None:
@@ -235,7 +275,8 @@ def run_suite(options: BenchOptions, out: Path, resume: bool = False,
         (run.run_dir / FAILED_FILE).unlink(missing_ok=True)
         try:
             begin = run_side_by_side if run.setting.side_by_side else start
-            outcome = _outcome(begin(run.config).summary)
+            with _sampler_of(run):
+                outcome = _outcome(begin(run.config).summary)
         except (WorkerFailed, Deadlock) as error:
             run.run_dir.mkdir(parents=True, exist_ok=True)
             (run.run_dir / FAILED_FILE).write_text(f"{error}\n")
@@ -258,6 +299,7 @@ def _outcome(summary: dict) -> str:
     ttt = summary["time_to_target_s"]
     reached = f"target in {ttt:.1f} s" if ttt is not None else "target not reached"
     rate = summary["samples_per_s"]
-    outcome = f"{reached}, " + (f"{rate:.0f} samples/s" if rate is not None else "no iteration")
+    outcome = f"{reached}, " + (f"{rate:.0f} samples/s" if rate is not None else
+                                f"{summary['iterations_per_s']:.1f} iterations/s")
     reason = summary.get("stop_reason") or ""
     return outcome + (f" ({reason.split(' (')[0]})" if reason.startswith("cut") else "")

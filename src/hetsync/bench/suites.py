@@ -16,7 +16,8 @@ from hetsync.protocols.catalog import BUILTIN, SIMULATED, all_variants
 from hetsync.protocols.prague.variants import OVERLAPPED
 
 __all__ = [
-    "EPOCHS", "EPOCHS_N", "EVERY_PROTOCOL", "GPU", "HEADLINE", "REAL_EPOCHS_N", "SMOKE", "SUITES",
+    "EPOCHS", "EPOCHS_LM", "EPOCHS_N", "EVERY_PROTOCOL", "GPU", "HEADLINE", "REAL_EPOCHS_N",
+    "SMOKE", "SUITES",
     "Setting", "Suite", "Variant", "describe_suites", "eval_every", "get_suite",
 ]
 
@@ -63,6 +64,11 @@ class Setting:
     options: MappingProxyType[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     """Options this setting's runs get beyond the suite's (`pin` for real compute beside
     emulated settings that have more workers than cores)."""
+    script: tuple[str, ...] = ()
+    """A script (its path from the repository's root) and its arguments, run under `hetsync
+    launch` instead of a built-in workload: it takes `--epochs`, `--seed` and `--out DIR` as
+    the strangers' scripts do (examples/strangers/), and its workers are told the variant's
+    sampler in `HETSYNC_SAMPLER` (hetsync.data)."""
 
 
 @dataclass(frozen=True)
@@ -382,6 +388,26 @@ EPOCHS = Suite(
 )
 
 
+#: The epochs suite's token-stream language model: a stranger's script (a character LSTM
+#: over a stream it slices by hand) whose batches `hetsync.data.deal` deals, made small (64
+#: hidden units; its whole text, 157 batches an epoch) to keep the suite to minutes.
+LM_SCRIPT = ("examples/strangers/lstm_language_model/with_hetsync.py", "--nhid", "64")
+LM_EPOCHS_N = 3
+EPOCHS_LM = Suite(
+    "epochs-lm", f"the epochs suite's language model over a token stream ({LM_SCRIPT[0]} "
+    f"under hetsync launch): {LM_EPOCHS_N} epochs on 4 workers (50 ms emulated steps) "
+    "homogeneous and with rank 3 4x slow; allreduce, adpsgd, hop-skip and prague, the static "
+    "sampler the script's own contiguous pieces (HETSYNC_SAMPLER=static), the dynamic one "
+    "deal()'s",
+    tuple(Setting(name, slowdown, workers=4, step_time=50.0, script=LM_SCRIPT)
+          for name, slowdown in (("homogeneous", "none"),
+                                 ("rank 3 4x slow", "deterministic:ranks=3,factor=4"))),
+    _samplers(_pick("allreduce", "adpsgd", "hop-skip", "prague")), max_time=120.0,
+    run_options=MappingProxyType({"stop_at_target": False, "device": "cpu"}),
+    epochs=LM_EPOCHS_N,
+)
+
+
 def one_slow_per_16(workers: int) -> str:
     """One worker in every 16 five times slower (ranks 3, 19, 35, ...)."""
     return f"deterministic:ranks={'+'.join(map(str, range(3, workers, 16)))},factor=5"
@@ -431,7 +457,7 @@ GPU = Suite(
 )
 SUITES = {suite.name: suite for suite in
           [HEADLINE, SMOKE, *_FULL, _EVERYTHING, REGIMES, REGIMES_SMALL, PAPER, SCALING_SIM, GPU,
-           REAL, REAL_SMALL, EPOCHS]}
+           REAL, REAL_SMALL, EPOCHS, EPOCHS_LM]}
 
 
 #: Seconds between snapshots in every suite, per workload: the resolution of the time to
