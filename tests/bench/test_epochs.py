@@ -18,6 +18,7 @@ from hetsync.bench.suites import (
     EPOCHS,
     EPOCHS_LM,
     EPOCHS_N,
+    HEAVIER_REAL,
     LM_EPOCHS_N,
     LM_SCRIPT,
     REAL_EPOCHS_N,
@@ -30,11 +31,13 @@ REAL_SAMPLES = REAL_EPOCHS_N * (1497 // 16 * 16)
 
 
 def test_every_run_trains_the_epochs_and_each_protocol_has_both_samplers(tmp_path):
-    runs = plan(EPOCHS, BenchOptions(suite="epochs", workload="digits"), tmp_path)
+    options = BenchOptions(suite="epochs", workload="digits")
+    suite = options.chosen_suite()
+    runs = plan(suite, options, tmp_path)
     assert not any(r.not_applicable for r in runs)
     assert {(r.config.epochs, r.config.workload, r.config.stop_at_target) for r in runs} == {
         (EPOCHS_N, "digits", False), (REAL_EPOCHS_N, "digits", False)}
-    for setting in (s for s in EPOCHS.settings if not s.reference):
+    for setting in (s for s in suite.settings if not s.reference):
         mine = [r for r in runs if r.setting == setting]
         samplers: dict[str, set[str]] = {}
         for run in mine:
@@ -43,6 +46,14 @@ def test_every_run_trains_the_epochs_and_each_protocol_has_both_samplers(tmp_pat
         emulated = setting.step_time == 50.0
         assert {(r.config.pin, r.config.workers) for r in mine} == {
             (not emulated, 4 if emulated else 2)}
+
+
+def test_the_heavier_workload_runs_the_real_settings_only(tmp_path):
+    options = BenchOptions(suite="epochs", workload=HEAVIER_REAL)
+    runs = plan(options.chosen_suite(), options, tmp_path)
+    assert {(r.config.workload, r.config.epochs, r.config.pin, r.config.step_time)
+            for r in runs} == {(HEAVIER_REAL, 1, True, 0.0)}
+    assert {r.config.workers for r in runs} == {1, 2}
 
 
 def test_the_ideal_of_one_of_4_workers_4x_slow_is_the_issues():

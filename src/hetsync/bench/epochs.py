@@ -45,7 +45,7 @@ def epoch_figures(suite: Suite, settings: list[dict[str, Any]], runs: list[Plann
     """Set each non-reference row's ideal, fraction of it and speed-ups, and the ranges over
     repeats of its wall time and final loss, in place."""
     assert suite.epochs is not None
-    solo = {_kind(s): out["results"][0]["samples_per_s"]
+    solo = {(s.workload, _kind(s)): out["results"][0]["samples_per_s"]
             for s, out in zip(suite.settings, settings, strict=True) if s.reference}
     for setting, out in zip(suite.settings, settings, strict=True):
         out["epochs"] = setting.options.get("epochs", suite.epochs)
@@ -54,7 +54,9 @@ def epoch_figures(suite: Suite, settings: list[dict[str, Any]], runs: list[Plann
             continue
         if setting.script:
             _script_losses(out["results"], [r for r in runs if r.setting == setting])
-        ideal = ideal_seconds(setting, out["workers"], out["epochs"], solo,
+        ideal = ideal_seconds(setting, out["workers"], out["epochs"],
+                              {kind: rate for (workload, kind), rate in solo.items()
+                               if workload == setting.workload},
                               _dealt_batches(out["results"]) if setting.script else None)
         by_label = {row["label"]: row for row in out["results"]}
         base = by_label.get(BASELINE)

@@ -16,8 +16,8 @@ from hetsync.protocols.catalog import BUILTIN, SIMULATED, all_variants
 from hetsync.protocols.prague.variants import OVERLAPPED
 
 __all__ = [
-    "EPOCHS", "EPOCHS_LM", "EPOCHS_N", "EVERY_PROTOCOL", "GPU", "HEADLINE", "REAL_EPOCHS_N",
-    "SMOKE", "SUITES",
+    "EPOCHS", "EPOCHS_LM", "EPOCHS_N", "EVERY_PROTOCOL", "GPU", "HEADLINE", "HEAVIER_REAL",
+    "REAL_EPOCHS_N", "SMOKE", "SUITES",
     "Setting", "Suite", "Variant", "describe_suites", "eval_every", "get_suite",
 ]
 
@@ -354,25 +354,40 @@ def _samplers(variants: tuple[Variant, ...]) -> tuple[Variant, ...]:
 
 
 _REAL_EPOCHS = MappingProxyType({"pin": True, "epochs": REAL_EPOCHS_N})
+#: A heavier real compute for the quarter-core straggler: LeNet-5 on Fashion-MNIST (1875
+#: batches an epoch, ten times digits' parameters), one epoch; `--workload cnn` runs it.
+HEAVIER_REAL = "cnn"
+_HEAVIER_EPOCHS = MappingProxyType({"pin": True, "epochs": 1})
 
 
 def _epoch_settings() -> tuple[Setting, ...]:
     """Emulated compute on 4 workers (one 4x slow: the ideal from the step times), then real
-    compute on 2 pinned workers (one at a quarter core: the ideal from the solo runs)."""
+    compute on 2 pinned workers (one at a quarter core: the ideal from the solo runs), on
+    digits and on the heavier workload."""
     emulated = {"workers": 4, "step_time": 50.0, "workload": "digits"}
-    real = {"step_time": 0.0, "workload": "digits", "options": _REAL_EPOCHS}
+    return (
+        Setting("homogeneous", **emulated),
+        Setting("rank 3 4x slow", "deterministic:ranks=3,factor=4", **emulated),
+        *_real_epoch_settings("digits", "real", _REAL_EPOCHS),
+        *_real_epoch_settings(HEAVIER_REAL, f"real {HEAVIER_REAL}", _HEAVIER_EPOCHS),
+    )
+
+
+def _real_epoch_settings(workload: str, tag: str,
+                         options: MappingProxyType[str, Any]) -> tuple[Setting, ...]:
+    """One pinned worker alone and alone at a quarter core (the ideal's units), then 2 pinned
+    workers homogeneous and with rank 1 at a quarter core."""
+    real = {"step_time": 0.0, "workload": workload, "options": options}
     pairs = _samplers(_families(prague=(_pairs("prague", OVERLAPPED.format("ready pairs")),),
                                 hop=("hop-stale-skip",)))
     solo = Variant.of("solo", "one worker alone, pinned as the others: the ideal's unit",
                       protocol="allreduce", sampler="static")
     return (
-        Setting("homogeneous", **emulated),
-        Setting("rank 3 4x slow", "deterministic:ranks=3,factor=4", **emulated),
-        Setting("solo · real", workers=1, variants=(solo,), reference=True, **real),
-        Setting(f"solo at share {SHARE:g} · real", f"cpu:ranks=0,share={SHARE:g}", workers=1,
+        Setting(f"solo · {tag}", workers=1, variants=(solo,), reference=True, **real),
+        Setting(f"solo at share {SHARE:g} · {tag}", f"cpu:ranks=0,share={SHARE:g}", workers=1,
                 variants=(solo,), reference=True, **real),
-        Setting("homogeneous · real", workers=2, variants=pairs, **real),
-        Setting(f"rank 1 at share {SHARE:g} · real", f"cpu:ranks=1,share={SHARE:g}",
+        Setting(f"homogeneous · {tag}", workers=2, variants=pairs, **real),
+        Setting(f"rank 1 at share {SHARE:g} · {tag}", f"cpu:ranks=1,share={SHARE:g}",
                 workers=2, variants=pairs, **real),
     )
 
@@ -381,7 +396,8 @@ EPOCHS = Suite(
     "epochs", "epochs of digits, every family's default with the static and the dynamic "
     f"sampler: {EPOCHS_N} on 4 workers (50 ms emulated steps) homogeneous and with rank 3 4x "
     f"slow, {REAL_EPOCHS_N} on 2 pinned workers of real compute homogeneous and with rank 1 at "
-    f"a {SHARE:g} CPU share",
+    f"a {SHARE:g} CPU share (with --workload {HEAVIER_REAL}: the real settings, one epoch of "
+    f"{HEAVIER_REAL})",
     _epoch_settings(), _samplers(_families()), max_time=120.0, workload="digits",
     run_options=MappingProxyType({"stop_at_target": False, "device": "cpu", "eval_every": 1.0}),
     epochs=EPOCHS_N,
