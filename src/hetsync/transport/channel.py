@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -38,6 +38,9 @@ if TYPE_CHECKING:
     from hetsync.transport.runtime import Runtime
 
 __all__ = ["Channel", "Pattern"]
+
+Members = TypeVar("Members", bound=Sequence[int])
+"""The ranks an operation ran among."""
 
 Pattern = Callable[[float], Sequence[Message]]
 """An operation's messages given the declared size of its buffer (`hetsync.network.patterns`)."""
@@ -188,6 +191,21 @@ class Channel:
                                     time.perf_counter() - began)
         self.count(step, sent)
 
+    def collective_among(self, step: Step | None, run: Callable[[], Members], nbytes: float,
+                         pattern: Callable[[Members, float], Sequence[Message]],
+                         key: Callable[[Members], str]) -> Members:
+        """`collective` for one whose members are known once it ran (a P-Reduce that leaves
+        out members declared lost meanwhile): `run` returns them, `pattern` gives their
+        messages of a buffer's declared size and `key` names the operation by them. Returns
+        the members; counts nothing (what this worker sent depends on them: `count`)."""
+        with self.waiting(step):
+            began = time.perf_counter()
+            self._fault()
+            members = run()
+        self.network.after_blocking(step, pattern(members, self.declared(nbytes)), key(members),
+                                    time.perf_counter() - began)
+        return members
+
     def _reduce(self, flat: torch.Tensor, key: str, exact_tail: int) -> int:
         """All-reduce `flat` in the codec's format; the bytes one worker's buffer takes on the
         wire."""
@@ -249,6 +267,12 @@ class Channel:
         self.count(step, message.numel() * message.element_size())
         return works
 
+    def hand_over(self, deliver: Callable[[], object]) -> None:
+        """A message to a service on this worker, handed over in-process by `deliver`: delayed
+        as a sent one is (`--fault delay-messages`), nothing else to do."""
+        self._fault()
+        deliver()
+
     def recv(self, step: Step | None, buffer: torch.Tensor, src: int, tag: int) -> None:
         with self.waiting(step):
             self.link.recv(buffer, src, tag=tag)
@@ -275,6 +299,11 @@ class Channel:
         """A serving thread takes part in `pattern`'s messages of `nbytes` real bytes, one
         operation at a time: it is busy for their modelled time."""
         self.network.occupy(pattern(self.declared(nbytes)))
+
+    def occupy_control(self, messages: Sequence[Message]) -> None:
+        """`occupy` for control messages (a Group Generator's answer, a token): charged their
+        own real size, which `--payload` does not scale."""
+        self.network.occupy(messages)
 
     def arrive(self, src: int, nbytes: float, copies: int, sent: float) -> None:
         """A receiving thread: hold a message of `nbytes` real bytes from `src`, sent at

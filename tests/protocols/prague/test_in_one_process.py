@@ -13,10 +13,14 @@ from torch import nn
 import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.cores.errors import RemoteProtocolError
+from hetsync.network.emulator import FreeNetwork
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
-from hetsync.protocols.prague.gg_wire import Kind, ToGG
+from hetsync.protocols.prague.driver.random_groups import answer_messages
+from hetsync.protocols.prague.gg_wire import FromGG, Kind, ToGG
+from hetsync.protocols.prague.group_generator import Group
 from hetsync.protocols.prague.preduce import make_preducer
+from hetsync.transport.channel import Channel
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -61,7 +65,9 @@ def test_a_group_generator_failure_is_raised_at_once_with_its_cause(overlap, mon
 def test_bytes_sent_are_what_the_preduce_kind_sends(kind, rank, buffers):
     """A group of 3: a mesh member sends 2 buffers, a ring member 2 x 2/3, a leader 2 and the
     others 1 (all were counted as a mesh's)."""
-    averager = SimpleNamespace(rank=rank, network=None, preducer=make_preducer(kind, rank, 3))
+    runtime = hetsync.transport.runtime.current_runtime()
+    channel = Channel(runtime.links.direct, runtime, FreeNetwork())
+    averager = SimpleNamespace(rank=rank, channel=channel, preducer=make_preducer(kind, rank, 3))
     flat = torch.zeros(12)  # 48 bytes
     assert GroupAverager.bytes_out(averager, flat, (0, 1, 2)) == round(48 * buffers)
     assert GroupAverager.bytes_out(averager, flat, (rank,)) == 0
@@ -85,3 +91,14 @@ def test_a_wait_for_an_unanswered_request_says_whom_it_waits_for(monkeypatch):
                 _step(model, opt)
     assert mode.gg.put == put
     opt.close()
+
+
+@pytest.mark.parametrize("answers", [True, False])
+def test_group_generator_messages_are_charged_their_int64_bytes(answers):
+    """A request is 4 int64 words and an answer 4 + world (review-4 item 8: they were charged
+    as 12 bytes and 4-byte words)."""
+    answer = FromGG(Group(id=7, members=(0, 2)), answers_request=answers).encode(world=4)
+    sizes = [(m.src, m.dst, m.nbytes) for m in answer_messages(2, answer)]
+    assert sizes == ([(2, 0, 32), (0, 2, 64)] if answers else [(0, 2, 64)])
+    end = FromGG(None).encode(world=4)  # the end marker answers the goodbye
+    assert [m.nbytes for m in answer_messages(2, end)] == [32, 64]

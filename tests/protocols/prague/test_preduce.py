@@ -1,20 +1,26 @@
 """P-Reduce on 8 real processes over gloo, every implementation: exact averages, non-members
 untouched, concurrent disjoint groups, members with different group histories. Also the mesh's
-`average_surviving`, the P-Reduce of every `--on-failure continue` Prague run, without a loss."""
+`average_surviving`, the P-Reduce of every `--on-failure continue` Prague run, without a loss,
+and the mesh with its models encoded (`--compress`)."""
 
 from __future__ import annotations
 
 import datetime
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.distributed as dist
 
 from hetsync.errors import ConfigError
+from hetsync.network.emulator import FreeNetwork
 from hetsync.protocols.prague.options import PREDUCE_KINDS as KINDS
 from hetsync.protocols.prague.preduce import RING_FROM_BYTES, free_network_kind, make_preducer
+from hetsync.transport.channel import Channel
+from hetsync.transport.codec import Codec
+from hetsync.transport.links import Link
 
 WORLD = 8
 NUMEL = 1001  # a multiple of no group size: the ring's chunks are uneven
@@ -41,11 +47,23 @@ VARIANTS: dict[str, dict[str, object]] = {
     "mesh-surviving": {"kind": "mesh"},
     **{f"{kind}-from-source": {"kind": kind} for kind in ("mesh", "ring", "leader", "subgroup")},
     "mesh-surviving-from-source": {"kind": "mesh"},
+    "mesh-bf16": {"kind": "mesh", "codec": "bf16"},
+    "mesh-int8": {"kind": "mesh", "codec": "int8"},
+    "mesh-int8-surviving": {"kind": "mesh", "codec": "int8"},
+    "auto-int8-from-source": {"kind": "auto", "codec": "int8"},
 }
+#: Variants whose models travel encoded (`--compress`): averages within the codec's error.
+COMPRESSED = frozenset(name for name, options in VARIANTS.items() if "codec" in options)
 #: Variants that average through `average_surviving` (no member is lost: none may be refused).
-SURVIVING = frozenset({"mesh-surviving", "mesh-surviving-from-source"})
+SURVIVING = frozenset({"mesh-surviving", "mesh-surviving-from-source", "mesh-int8-surviving"})
 #: Variants that average out of place: a new buffer each round, the last one only read.
 FROM_SOURCE = frozenset(name for name in VARIANTS if name.endswith("-from-source"))
+
+
+def _channel(rank: int, codec: str) -> Channel:
+    """A channel of the default link in `codec`'s wire format (what a driver passes)."""
+    return Channel(Link.default(), SimpleNamespace(rank=rank), FreeNetwork(),  # type: ignore[arg-type]
+                   Codec(codec))
 
 
 def _no_loss(peer: int, error: BaseException) -> None:
@@ -64,6 +82,9 @@ def _worker(rank: int, port: int, out: Path) -> None:
                             world_size=WORLD, timeout=TIMEOUT)
     states: dict[str, list[torch.Tensor]] = {}
     for name, options in VARIANTS.items():
+        options = dict(options)
+        if "codec" in options:
+            options["channel"] = _channel(rank, str(options.pop("codec")))
         preducer = make_preducer(rank=rank, world=WORLD, store=dist.PrefixStore(name, store),
                                  timeout=TIMEOUT, **options)  # type: ignore[arg-type]
         flat = _initial(rank)
@@ -101,15 +122,28 @@ def _before(states: list[dict[str, list[torch.Tensor]]], variant: str, i: int, r
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v not in COMPRESSED])
 def test_members_get_the_exact_average_and_others_keep_theirs(states, variant):
+    _check_averages(states, variant, 1e-6)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("variant", sorted(COMPRESSED))
+def test_encoded_models_average_within_the_codec_s_error(states, variant):
+    """Values of randn, at most about 4: a bf16 value is within 2^-8 of it relatively, an int8
+    one within half a step of its chunk's largest / 127; the error fed back into the next
+    encoding adds as much again."""
+    _check_averages(states, variant, 0.05)
+
+
+def _check_averages(states, variant: str, tolerance: float) -> None:
     for i, groups in enumerate(SCHEDULE):
         members = {r for group in groups for r in group if len(group) > 1}
         for group in groups:
             mean = torch.stack([_before(states, variant, i, r).double() for r in group]).mean(0)
             for r in group:
                 error = (states[r][variant][i].double() - mean).abs().max().item()
-                assert error < 1e-6, f"round {i}, group {group}, rank {r}: error {error}"
+                assert error < tolerance, f"round {i}, group {group}, rank {r}: error {error}"
         for r in set(range(WORLD)) - members:
             assert torch.equal(states[r][variant][i], _before(states, variant, i, r))
 
@@ -128,7 +162,7 @@ def test_members_end_bit_identical(states, variant):
 def test_out_of_place_averages_are_the_in_place_ones_bit_for_bit(states, variant):
     """Each round of a `-from-source` variant averaged the last one's buffer into a new one
     (its NaNs all overwritten) and left it as it was (checked on each rank as it ran)."""
-    in_place = variant.removesuffix("-from-source")
+    in_place = variant.removesuffix("-from-source").replace("auto-int8", "mesh-int8")
     for rank in range(WORLD):
         for i, (theirs, ours) in enumerate(zip(states[rank][in_place], states[rank][variant],
                                                strict=True)):
@@ -166,6 +200,8 @@ def test_bad_kind_or_missing_store_is_a_config_error():
         make_preducer("x", rank=0, world=2)
     with pytest.raises(ConfigError, match="needs a store"):
         make_preducer("subgroup", rank=0, world=2)
+    with pytest.raises(ConfigError, match="--compress int8 needs --preduce mesh or auto"):
+        make_preducer("ring", rank=0, world=2, channel=_channel(0, "int8"))
 
 
 def test_on_a_free_network_auto_takes_the_mesh_for_small_buffers_and_the_ring_for_large():

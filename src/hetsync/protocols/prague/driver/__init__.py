@@ -25,6 +25,10 @@ Lost workers (`--on-failure continue`, hetsync.transport.lost_workers): the GG h
 from a watcher and puts it in no later group (`WorkerLost`); a group it was already in runs
 without it, its P-Reduce averaging over the members whose buffers arrived (only ``mesh`` can
 do that, so it is the P-Reduce used). Rank 0 hosts the GG: its loss ends the run.
+
+Compression (`--compress`): the models travel encoded in a mesh P-Reduce (``auto`` is the
+mesh then; ``ring``, ``leader`` and ``subgroup`` are refused), every member averaging the
+decoded ones (hetsync.protocols.prague.preduce); the Group Generator's messages stay exact.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import torch
 from torch import nn
 
 from hetsync.config import RunConfig
+from hetsync.errors import ConfigError
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
@@ -50,6 +55,12 @@ class Prague(Protocol):
     closures = Closures.LOCAL  # a closure: a local step, then the group average
 
     @classmethod
+    def check_config(cls, config: RunConfig) -> None:
+        if config.compress != "none" and config.preduce not in ("auto", "mesh"):
+            raise ConfigError(f"--compress {config.compress} applies to --preduce mesh or auto "
+                              f"(the P-Reduce that sends encoded models), not {config.preduce}")
+
+    @classmethod
     def ends_alone(cls, config: RunConfig) -> bool:
         return config.schedule != "static"  # the Group Generator groups whoever is left
 
@@ -58,14 +69,15 @@ class Prague(Protocol):
     ) -> None:
         super().__init__(runtime, model, optimizer)
         config = runtime.config
-        self.averager = GroupAverager(runtime, model_tensors(model), runtime.links.direct,
-                                      self.network)  # known peers: on the GPU under NCCL
+        self.channel = self.open_channel(runtime.links.direct)  # known peers: NCCL on a GPU
+        self.averager = GroupAverager(runtime, model_tensors(model), self.channel)
         self.mode: StaticMode | RandomGroups
         if config.schedule == "static":
             self.mode = StaticMode(runtime, self.averager)
         else:
-            self.mode = (OverlappedGroups if config.overlap else RandomGroups)(runtime,
-                                                                               self.averager)
+            gg_channel = self.open_channel(runtime.links.host)  # received on threads: gloo
+            self.mode = (OverlappedGroups if config.overlap else RandomGroups)(
+                runtime, self.averager, gg_channel)
             self.mode.start()
 
     def after_optimizer_step(self, step: Step) -> None:

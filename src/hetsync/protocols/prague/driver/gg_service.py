@@ -15,7 +15,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 
 from hetsync.protocols.prague.gg_wire import FROM_GG_TAG, TO_GG_TAG, FromGG, Kind, ToGG
 from hetsync.protocols.prague.group_generator import (
@@ -27,8 +26,7 @@ from hetsync.protocols.prague.group_generator import (
     WaitTimedOut,
     WorkerLost,
 )
-from hetsync.transport.links import Link
-from hetsync.transport.lost_workers import unless_lost
+from hetsync.transport.channel import Channel
 from hetsync.transport.peer_streams import Item, PeerStreams
 from hetsync.transport.runtime import Runtime
 
@@ -44,12 +42,11 @@ class GroupGeneratorService:
 
     def __init__(
         self, core: GroupGeneratorCore, deliver: Callable[[AssignGroup, float], None],
-        ready_wait: float, link: Link, runtime: Runtime,
+        ready_wait: float, channel: Channel, runtime: Runtime,
         on_error: Callable[[BaseException], None],
     ) -> None:
         self.core = core
-        self.link = link  # the host link: receives on threads
-        self.runtime = runtime
+        self.channel = channel  # the Group Generator's, on the host link: receives on threads
         self.world = core.world
         self.deliver = deliver
         self.ready_wait = ready_wait
@@ -63,7 +60,7 @@ class GroupGeneratorService:
         self._timer_idle = False  # the timer waits for requests to be held, with no deadline
         self.thread = threading.Thread(target=self._time_waits, name="prague-gg", daemon=True)
         if self.world > 1:
-            PeerStreams(self.link, range(1, self.world), TO_GG_TAG, ToGG.empty,
+            PeerStreams(channel.link, range(1, self.world), TO_GG_TAG, ToGG.empty,
                         lambda message: ToGG.decode(message).kind == Kind.BYE,
                         reuse=False, name="prague-gg-recv", deliver=self._receive)
         if runtime.lost is not None:
@@ -166,9 +163,7 @@ class GroupGeneratorService:
         request, how long the GG held that request, size, members. A blocking send returns at
         once: the worker's receiver thread always waits for the next one."""
         message = FromGG(group, answers_request, held).encode(self.world)
-        self.runtime.before_send()
-        unless_lost(self.runtime.lost, rank, partial(self.link.send, message, rank,
-                                                     tag=FROM_GG_TAG))
+        self.channel.send(None, message, rank, FROM_GG_TAG)
 
     def raise_error(self) -> None:
         if self.error is not None:

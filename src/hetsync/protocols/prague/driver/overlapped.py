@@ -29,6 +29,7 @@ from hetsync.protocols.prague.worker import (
     WorkerState,
     dispatch,
 )
+from hetsync.transport.channel import Channel
 from hetsync.transport.contiguous import span
 from hetsync.transport.links import Link, bind_thread
 from hetsync.transport.runtime import Runtime
@@ -99,14 +100,14 @@ class CommunicationCopy:
 class OverlappedGroups(RandomGroups):
     """A worker's steps with groups from the GG, P-Reduced on a communication thread."""
 
-    def __init__(self, runtime: Runtime, averager: GroupAverager) -> None:
+    def __init__(self, runtime: Runtime, averager: GroupAverager, gg_channel: Channel) -> None:
         self._lock = threading.Lock()  # the core, the GG channel and the model
         self._resume: queue.Queue[StartStep | StopTraining | BaseException] = queue.Queue()
         self._copies = CommunicationCopy()
         self._ran: list[list[int]] = []  # groups run since the last row
         self._comm_preduce_s = 0.0
         self._sent_bytes = 0
-        super().__init__(runtime, averager)
+        super().__init__(runtime, averager, gg_channel)
         self._threads.append(threading.Thread(target=self._communicate, daemon=True,
                                               name="prague-preduce"))
 
@@ -116,7 +117,7 @@ class OverlappedGroups(RandomGroups):
                                                       last=step.wants_stop))
             resume = self._execute(decisions)
         if resume is None:
-            with step.blocking():
+            with self.averager.channel.waiting(step):
                 began = time.perf_counter()
                 try:
                     resume = self._resume.get(timeout=self.timeout)
@@ -131,7 +132,7 @@ class OverlappedGroups(RandomGroups):
         with self._lock:  # the communication thread adds to these under it
             step.extra["groups"], self._ran = self._ran, []
             step.extra["preduce_s"], self._comm_preduce_s = self._comm_preduce_s, 0.0
-            step.bytes_sent += self._sent_bytes
+            self.averager.channel.count(step, self._sent_bytes)
             self._sent_bytes = 0
         step.stop = isinstance(resume, StopTraining)
 
@@ -189,11 +190,7 @@ class OverlappedGroups(RandomGroups):
         comm = None
         if len(members) > 1:
             source, comm = self._copies.preduce_buffers()
-            members = self.averager.average(comm, members, source)
-            if self.network is not None:
-                nbytes = self.network.scaled(comm.numel() * comm.element_size())
-                self.network.after_blocking(None, self.averager.preducer.messages(members, nbytes),
-                                            f"preduce{len(members)}", time.perf_counter() - began)
+            members = self.averager.average(None, comm, members, source)
         with self._lock:
             self._ran.append([group.id, *group.members])
             self._comm_preduce_s += time.perf_counter() - began

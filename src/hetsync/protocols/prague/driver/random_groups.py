@@ -20,7 +20,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import torch
+
 from hetsync.metrics import strict_json
+from hetsync.network.model import Message
 from hetsync.network.patterns import point_to_point, push_pull
 from hetsync.protocols.base import Step
 from hetsync.protocols.prague.driver.averaging import GroupAverager, add_time
@@ -43,10 +46,10 @@ from hetsync.protocols.prague.worker import (
     WorkerState,
     dispatch,
 )
+from hetsync.transport.channel import Channel
 from hetsync.transport.runtime import Runtime
 
-__all__ = ["RandomGroups"]
-
+__all__ = ["RandomGroups", "answer_messages"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +69,10 @@ Inbox = Arrival | RunPReduce | BaseException | None
 class RandomGroups:
     """A worker's steps with groups from the GG, each P-Reduced between its steps."""
 
-    def __init__(self, runtime: Runtime, averager: GroupAverager) -> None:
+    def __init__(self, runtime: Runtime, averager: GroupAverager, gg_channel: Channel) -> None:
         self.runtime, self.rank, self.averager = runtime, runtime.rank, averager
         self.timeout = runtime.wait_timeout
-        self.network = averager.network
-        self.gg_link = runtime.links.host  # the GG's messages, received on threads: gloo
+        self.gg_channel = gg_channel  # the GG's messages, received on threads: the host link
         self.inbox: queue.Queue[Inbox] = queue.Queue()
         self.core = PragueWorkerCore.of_run(runtime.config, self.rank, runtime.world_size)
         self._step = Step(0)  # the step whose decisions are being carried out
@@ -79,7 +81,7 @@ class RandomGroups:
         self._threads: list[threading.Thread] = []
         if self.rank == 0:
             self.gg = GroupGeneratorService(group_generator(runtime.config), self._deliver,
-                                            runtime.config.ready_wait / 1000.0, self.gg_link,
+                                            runtime.config.ready_wait / 1000.0, gg_channel,
                                             runtime, self._gg_failed)
             self._threads.append(self.gg.thread)
         elif runtime.world_size > 1:
@@ -134,7 +136,7 @@ class RandomGroups:
             self.after_step(step)
 
     def _next_assignment(self, step: Step) -> GroupAssigned:
-        with step.blocking():
+        with self.gg_channel.waiting(step):
             began = time.perf_counter()
             try:
                 item = self.inbox.get(timeout=self.timeout)
@@ -152,11 +154,11 @@ class RandomGroups:
         return item.assigned
 
     def _to_gg(self, message: ToGG) -> None:
-        self.runtime.before_send()
-        if self.gg is not None:
-            self.gg.put(self.rank, message)
+        gg = self.gg
+        if gg is not None:
+            self.gg_channel.hand_over(lambda: gg.put(self.rank, message))
         else:
-            self.gg_link.send(message.encode(), 0, tag=TO_GG_TAG)
+            self.gg_channel.send(None, message.encode(), 0, TO_GG_TAG)
 
     def _deliver(self, assign: AssignGroup, held: float) -> None:
         """Rank 0's GG hands rank 0 its own assignments directly."""
@@ -180,11 +182,9 @@ class RandomGroups:
         try:
             while True:
                 message = FromGG.empty(self.runtime.world_size)
-                self.gg_link.recv(message, 0, tag=FROM_GG_TAG)
-                if self.network is not None:  # an answer is charged with its request
-                    sent = push_pull(self.rank, 0, 12, message.numel() * 4) if message[1] else (
-                        point_to_point(0, self.rank, message.numel() * 4))
-                    self.network.occupy(sent)
+                self.gg_channel.recv(None, message, 0, FROM_GG_TAG)
+                if self.gg_channel.network.emulated:  # an answer is charged with its request
+                    self.gg_channel.occupy_control(answer_messages(self.rank, message))
                 answer = FromGG.decode(message)
                 if answer.group is None:
                     return
@@ -205,3 +205,13 @@ class RandomGroups:
                 stats = dataclasses.asdict(self.gg.core.stats)
                 path = self.runtime.run_dir / "group_generator.json"
                 path.write_text(strict_json.dumps(stats))
+
+
+def answer_messages(rank: int, message: torch.Tensor) -> list[Message]:
+    """What the network is charged for the GG's answer `message` to `rank` (`FromGG`): with
+    the request it answers, if it answers one (the end marker answers the goodbye); int64
+    words, at their real size."""
+    answer = FromGG.decode(message)
+    if answer.answers_request or answer.group is None:
+        return push_pull(rank, 0, ToGG.empty().nbytes, message.nbytes)
+    return point_to_point(0, rank, message.nbytes)
