@@ -9,6 +9,8 @@ import pytest
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.faults import KINDS, DelayMessages, FaultPlan, Hang, Kill, Raise, Stop, parse_faults
+from hetsync.network.model import LinkChange, Message, NetworkModel
+from hetsync.network.spec import parse_network
 from hetsync.simulator.run import _kills
 
 
@@ -80,10 +82,39 @@ def test_each_kind_carries_where_and_how_it_acts():
     # asks for its delay; nothing else knows a kind by name.
     assert {name: kind.WHERE for name, kind in KINDS.items()} == {
         "kill": "launcher", "stop": "launcher", "raise": "loop", "hang": "loop",
-        "delay-messages": "sender"}
+        "delay-messages": "sender", "slow-link": "network"}
     assert Stop(1, at_s=1.0).signals() == [(1.0, signal.SIGSTOP)]  # no for=: stays stopped
     with pytest.raises(RuntimeError, match="injected fault"):
         Raise(0, at_iteration=1).act()
-    with pytest.raises(ConfigError, match="simulate models --fault kill only"):
+    with pytest.raises(ConfigError, match="simulate models --fault kill, slow-link only"):
         _kills(RunConfig(workload="svm", workers=4, fault="stop:rank=1,at=1s",
                          on_failure="continue", protocol="hop"))
+
+
+def test_a_slow_link_parses_and_needs_an_emulated_network():
+    (fault,) = parse_faults("slow-link:ranks=2+5,at=20s,bandwidth=100Mbit")
+    assert fault.change() == LinkChange((2, 5), 20.0, 100e6 / 8)
+    for spec, error in [("slow-link:ranks=2,at=3,bandwidth=1Gbit", "at a time"),
+                        ("slow-link:ranks=x,at=1s,bandwidth=1Gbit", "is not ranks"),
+                        ("slow-link:ranks=2,at=1s", "needs ranks=, at= and bandwidth="),
+                        ("slow-link:ranks=2,at=1s,bandwidth=fast", "cannot read rate")]:
+        with pytest.raises(ConfigError, match=error):
+            parse_faults(spec)
+    with pytest.raises(ConfigError, match="give --network"):
+        RunConfig(workers=4, fault="slow-link:ranks=2,at=1s,bandwidth=1Gbit").validate()
+    with pytest.raises(ConfigError, match="only 4 workers"):
+        RunConfig(workers=4, network="bandwidth=1Gbit",
+                  fault="slow-link:ranks=1+4,at=1s,bandwidth=1Gbit").validate()
+
+
+def test_a_slow_link_charges_every_message_of_its_ranks_from_its_time_on():
+    spec = parse_network("bandwidth=8Gbit,latency=0s")
+    now = [0.0]
+    model = NetworkModel(spec, 4, [LinkChange((2,), 10.0, 1e8 / 8)], now=lambda: now[0])
+    before = [model.transfer_time(0, 2, 1e9), model.transfer_time(0, 1, 1e9)]
+    now[0] = 10.0
+    after = [model.transfer_time(0, 2, 1e9), model.transfer_time(2, 3, 1e9),
+             model.transfer_time(0, 1, 1e9)]
+    assert before == [1.0, 1.0]
+    assert after == [80.0, 80.0, 1.0]
+    assert model.duration([Message(1, 2, 1e9)]) == 80.0

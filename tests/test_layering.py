@@ -50,6 +50,7 @@ RULES = (
     ("hetsync.protocols.*.driver", "drivers"),
     ("hetsync.protocols.*.driver.*", "drivers"),  # a driver of several modules: a package
     ("hetsync.protocols.*.simulation", "simulator"),
+    ("hetsync.protocols.*.server", "drivers"),  # a driver's serving side (the ps server)
     ("hetsync.protocols.*.*wire", "transport"),
     ("hetsync.protocols.prague.preduce", "transport"),
     ("hetsync.protocols.base", "drivers"),

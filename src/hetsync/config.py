@@ -21,7 +21,6 @@ from hetsync.errors import ConfigError
 from hetsync.faults import parse_faults
 from hetsync.metrics import strict_json
 from hetsync.network.spec import parse_network, parse_payload
-from hetsync.transport.codec_kinds import CODECS
 from hetsync.protocols.catalog import (
     BUILTIN,
     GRAPH_PROTOCOLS,
@@ -33,6 +32,7 @@ from hetsync.protocols.catalog import (
 from hetsync.protocols.option_field import check_values, flag
 from hetsync.slowdown import SlowdownSpec, parse_slowdown
 from hetsync.topology import WEIGHTS
+from hetsync.transport.codec_kinds import CODECS
 from hetsync.transport.placement import BACKENDS, DEVICES
 from hetsync.user_files import check_python_script, read_user_text
 
@@ -52,8 +52,8 @@ _CHOICES = {
     "device": DEVICES,
     "on_failure": ("stop", "continue"),
     "eval_bn": ("recompute", "saved"),
-    "compress": CODECS,
     "sampler": ("static", "dynamic"),
+    "compress": CODECS,
 }
 
 #: What `--device cuda:1` (PyTorch's spelling) gets told: the workers' GPUs are placed by rule.
@@ -115,9 +115,9 @@ class _RunOptions:
     network: str = "none"
     """Emulated network (see hetsync.network.spec); none: the real one, nothing added."""
     payload: str = "none"
+    """Declared model size that messages are charged for; none: the real model's."""
     compress: str = "none"
     """How model and gradient payloads are written on the wire (hetsync.transport.codec)."""
-    """Declared model size that messages are charged for; none: the real model's."""
     overwrite: bool = False
     """Replace a run already in --out (otherwise refused)."""
     checkpoint_every: float | None = None
@@ -276,6 +276,9 @@ class RunConfig(_RunOptions):
         if network is not None:
             network.check_ranks(self.workers)
         for fault in parse_faults(self.fault):
+            if fault.WHERE == "network" and network is None:
+                raise ConfigError(f"--fault {fault.kind} slows the emulated network: give "
+                                  "--network")
             if fault.rank >= self.workers:
                 raise ConfigError(f"--fault names rank {fault.rank}, but there are only "
                                   f"{self.workers} workers (ranks 0..{self.workers - 1})")

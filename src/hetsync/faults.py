@@ -10,6 +10,10 @@ A spec is one or more faults separated by ";":
     delay-messages:p=0.05,ms=200[,rank=R]
                                each message a worker (or only worker R) sends is held back
                                200 ms with probability 0.05, from the start of the run
+    slow-link:ranks=2[+5],at=20s,bandwidth=100Mbit
+                               from 20 s on, every message to or from worker 2 (and 5) is
+                               charged at 100 Mbit/s on the emulated network (`--network`),
+                               in real runs and simulated ones alike
 
 `at` is seconds into the run with a unit (`20s`, `500ms`), or an iteration without one.
 `kill` and `stop` come from outside the worker, as a node failure or a debugger would, so
@@ -37,11 +41,13 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from hetsync.errors import ConfigError
+from hetsync.network.model import LinkChange
+from hetsync.network.spec import parse_rate
 
 __all__ = ["KINDS", "DelayMessages", "Fault", "FaultPlan", "Hang", "Kill", "MessageDelay",
-           "Raise", "Stop", "parse_faults"]
+           "Raise", "SlowLink", "Stop", "link_changes", "parse_faults"]
 
-Where = Literal["launcher", "loop", "sender"]
+Where = Literal["launcher", "loop", "sender", "network"]
 
 
 @dataclass(frozen=True)
@@ -182,8 +188,50 @@ class DelayMessages(Fault):
         return MessageDelay(self.p, self.delay_s, random.Random(f"delay/{seed}/{rank}"))
 
 
+@dataclass(frozen=True)
+class SlowLink(Fault):
+    """A link that slows down mid-run: the network model's NICs change (`LinkChange`), so
+    every charge of every protocol, real or simulated, sees it with no code of theirs."""
+
+    ranks: tuple[int, ...] = ()
+    bandwidth: float = 0.0
+    """Bytes per second, each way."""
+
+    NAME = "slow-link"
+    FORM = "slow-link:ranks=R[+R],at=T,bandwidth=B"
+    WHERE = "network"
+    SIMULATED = True
+
+    @classmethod
+    def parse(cls, rest: str, spec: str) -> Fault:
+        params = _params(rest, ("ranks", "at", "bandwidth"), spec)
+        if set(params) != {"ranks", "at", "bandwidth"}:
+            raise ConfigError(f"--fault {spec!r}: slow-link needs ranks=, at= and bandwidth= "
+                              f"(forms: {_form()})")
+        ranks = params["ranks"].split("+")
+        if not all(r.isdigit() for r in ranks):
+            raise ConfigError(f"--fault {spec!r}: ranks={params['ranks']!r} is not ranks "
+                              "such as 2 or 2+5")
+        if params["at"].isdigit():
+            raise ConfigError(f"--fault {spec!r}: slow-link happens at a time (at=20s), not "
+                              "an iteration")
+        at_s = _time(params["at"], spec)
+        rate = parse_rate(params["bandwidth"], f"--fault {spec!r}")
+        numbers = tuple(int(r) for r in ranks)
+        return cls(max(numbers), at_s, None, numbers, rate)
+
+    def change(self) -> LinkChange:
+        assert self.at_s is not None
+        return LinkChange(self.ranks, self.at_s, self.bandwidth)
+
+
 KINDS: dict[str, type[Fault]] = {kind.NAME: kind for kind in (Kill, Stop, Raise, Hang,
-                                                             DelayMessages)}
+                                                             DelayMessages, SlowLink)}
+
+
+def link_changes(faults: list[Fault]) -> list[LinkChange]:
+    """The network changes `--fault slow-link` makes (the network model applies them)."""
+    return [fault.change() for fault in faults if isinstance(fault, SlowLink)]
 
 
 def _form() -> str:

@@ -68,7 +68,8 @@ def test_the_cli_records_the_loss_for_the_report(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"fault": "stop:rank=1,at=1s"}, "models --fault kill only .* --fault stop applies to real"),
+    ({"fault": "stop:rank=1,at=1s"},
+     "models --fault kill, slow-link only: --fault stop applies to real"),
     ({"fault": "raise:rank=1,at=4"}, "--fault raise applies to real runs"),
     ({"fault": "delay-messages:p=0.1,ms=5"}, "--fault delay-messages applies to real runs"),
     ({"on_failure": "stop"}, "killed worker under --on-failure continue only"),

@@ -7,6 +7,7 @@ makes itself; hetsync's hook on it reduces through a link like the rest."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import hetsync
@@ -71,3 +72,33 @@ def test_the_check_sees_every_spelling(tmp_path):
     assert sorted(communication(module)) == ["3: isend", "4: send", "5: all_reduce",
                                              "6: allreduce"]
     assert communication(LINKS)  # the one place that does
+
+
+#: A message's duties, which its channel (hetsync.transport.channel) does for every driver.
+DUTIES = re.compile(r"before_send|bytes_sent|\.blocking\(\)|self\.network\.(?!emulated\b)"
+                    r"|network is (not )?None|unless_lost|after_blocking|hold_until|occupy\(")
+
+
+def drivers() -> list[Path]:
+    """Every protocol's driver modules: driver.py, a driver package's, a server's."""
+    protocols = SRC / "protocols"
+    return sorted({*protocols.glob("*/driver.py"), *protocols.glob("*/driver/*.py"),
+                   *protocols.glob("*/server.py")})
+
+
+def test_drivers_leave_every_duty_of_a_message_to_its_channel():
+    found = drivers()
+    assert len(found) >= 9
+    offences = [f"{p.relative_to(SRC)}:{n}: {line.strip()}" for p in found
+                for n, line in enumerate(p.read_text().splitlines(), 1) if DUTIES.search(line)]
+    assert not offences, ("a driver does a message's duty itself (the channel's: "
+                          "hetsync.transport.channel): " + "; ".join(offences))
+
+
+def test_the_duty_check_sees_each_duty(tmp_path):
+    lines = ["self.runtime.before_send()", "step.bytes_sent += 4", "with step.blocking():",
+             "self.network.scaled(n)", "if network is None:", "unless_lost(lost, j, f)",
+             "net.after_blocking(s, m, k, t)", "net.hold_until(s, t)", "net.occupy(m)"]
+    assert all(DUTIES.search(line) for line in lines)
+    assert not DUTIES.search("if self.network.emulated:")
+    assert not DUTIES.search("self.channel.send(step, message, 1, tag)")

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from hetsync.network.model import Message, NetworkModel
+from hetsync.network.model import LinkChange, Message, NetworkModel
 from hetsync.network.spec import NetworkSpec, parse_network, parse_payload
 from hetsync.transport.flat import model_tensors
 
@@ -97,9 +97,10 @@ class NetworkEmulator(FreeNetwork):
     emulated = True
 
     def __init__(
-        self, spec: NetworkSpec, world: int, clock: Callable[[], float], scale: float = 1.0
+        self, spec: NetworkSpec, world: int, clock: Callable[[], float], scale: float = 1.0,
+        changes: Sequence[LinkChange] = (), run_time: Callable[[], float] = lambda: 0.0,
     ) -> None:
-        self.model = NetworkModel(spec, world)
+        self.model = NetworkModel(spec, world, changes, run_time)
         self.clock = clock
         """Seconds on a clock every worker of the machine shares and that never jumps (not
         `Runtime.elapsed`, whose origin is set when the workers are ready: a receiver thread
@@ -114,15 +115,18 @@ class NetworkEmulator(FreeNetwork):
         thread's are (`Step.on_wait`); set by the training loop."""
 
     @classmethod
-    def for_run(cls, network: str, payload: str, world: int, model: nn.Module) -> Network:
+    def for_run(cls, network: str, payload: str, world: int, model: nn.Module,
+                changes: Sequence[LinkChange] = (),
+                run_time: Callable[[], float] = lambda: 0.0) -> Network:
         """The emulator that a run's `--network` and `--payload` ask for, among `world`
-        workers (`FreeNetwork` on a free one)."""
+        workers (`FreeNetwork` on a free one); `changes` (`--fault slow-link`) apply from
+        their time on `run_time`."""
         spec = parse_network(network)
         if spec is None:
             return FreeNetwork()
         declared = parse_payload(payload)
         scale = declared / max(model_bytes(model), 1) if declared is not None else 1.0
-        return cls(spec, world, time.time, scale)
+        return cls(spec, world, time.time, scale, changes, run_time)
 
     def scaled(self, nbytes: float) -> float:
         """The declared size of a message that carries `nbytes` of the real model."""

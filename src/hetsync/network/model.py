@@ -23,12 +23,22 @@ ones so the difference can be seen.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from hetsync.network.spec import NetworkSpec
 
-__all__ = ["Message", "NetworkModel"]
+__all__ = ["LinkChange", "Message", "NetworkModel"]
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """From `at` seconds into the run, the NICs of `ranks` carry at most `bandwidth` bytes/s
+    each way (`--fault slow-link`): every message to or from them is charged at it."""
+
+    ranks: tuple[int, ...]
+    at: float
+    bandwidth: float
 
 
 @dataclass(frozen=True)
@@ -44,14 +54,31 @@ class Message:
 class NetworkModel:
     """NIC clocks of every rank of a `NetworkSpec`; `send` books messages on them."""
 
-    def __init__(self, spec: NetworkSpec, world: int) -> None:
+    def __init__(self, spec: NetworkSpec, world: int, changes: Sequence[LinkChange] = (),
+                 now: Callable[[], float] = lambda: 0.0) -> None:
         self.spec = spec
         self.nics = [spec.nic(r) for r in range(world)]
         self.egress_free = [0.0] * world
         self.ingress_free = [0.0] * world
+        self.changes = sorted(changes, key=lambda change: change.at)
+        self.now = now
+        """Seconds into the run (the real clock, or the simulator's), for `changes`."""
+        self.epoch = 0
+        """How many changes apply so far: a figure cached from the NICs holds for one epoch."""
+
+    def refresh(self) -> None:
+        """Apply the changes due by now (each NIC the slower of its own and the change's)."""
+        while self.epoch < len(self.changes) and self.now() >= self.changes[self.epoch].at:
+            change = self.changes[self.epoch]
+            for r in change.ranks:
+                nic = self.nics[r]
+                self.nics[r] = replace(nic, egress=min(nic.egress, change.bandwidth),
+                                       ingress=min(nic.ingress, change.bandwidth))
+            self.epoch += 1
 
     def send(self, messages: Sequence[Message], at: float = 0.0) -> list[float]:
         """Book `messages` (none may depend on a later one) from time `at`; their arrivals."""
+        self.refresh()
         arrival = [float("nan")] * len(messages)
         waiting = [len(m.after) for m in messages]
         unlocks: list[list[int]] = [[] for _ in messages]
@@ -77,6 +104,7 @@ class NetworkModel:
         egress serves together (a fan-out: fair share, all end at copies * b / egress), and
         taking the receiver's ingress in FIFO order: how a receiver that sees only its own
         messages (Hop's) books them on its own NIC's clock."""
+        self.refresh()
         src, dst = self.nics[m.src], self.nics[m.dst]
         sent = at + copies * m.nbytes / src.egress
         start = max(at, self.ingress_free[m.dst])
@@ -86,12 +114,15 @@ class NetworkModel:
     def transfer_time(self, src: int, dst: int, nbytes: float) -> float:
         """How long one message of `nbytes` takes from `src` to `dst` on idle NICs (the rule
         above without queueing; books nothing)."""
+        self.refresh()
         a, b = self.nics[src], self.nics[dst]
         return nbytes / min(a.egress, b.ingress) + max(a.latency, b.latency)
 
     def duration(self, messages: Sequence[Message]) -> float:
         """How long `messages` take on idle NICs: the last arrival, from time 0."""
+        self.refresh()
         fresh = NetworkModel(self.spec, len(self.nics))
+        fresh.nics = list(self.nics)
         return max(fresh.send(messages), default=0.0)
 
     def _book(self, m: Message, ready: float) -> float:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from hetsync.errors import ConfigError
 
-__all__ = ["MODELS", "Nic", "NetworkSpec", "parse_network", "parse_payload"]
+__all__ = ["MODELS", "Nic", "NetworkSpec", "parse_network", "parse_payload", "parse_rate"]
 
 _RATE_UNITS = {
     "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8, "tbit": 1e12 / 8,
@@ -84,6 +84,11 @@ def _number(text: str, units: dict[str, float], what: str, option: str) -> float
     if value <= 0:
         raise ConfigError(f"{option}: {what} {text!r} must be positive")
     return value
+
+
+def parse_rate(text: str, option: str) -> float:
+    """A rate such as 100Mbit, in bytes per second; ConfigError naming `option` if not."""
+    return _number(text, _RATE_UNITS, "rate", option)
 
 
 def _apply(nic: Nic, settings: str, text: str) -> Nic:

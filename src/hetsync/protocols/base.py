@@ -19,11 +19,13 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
 
+from hetsync.faults import link_changes, parse_faults
 from hetsync.network.emulator import Network, NetworkEmulator
 from hetsync.step import Step
 from hetsync.transport.channel import Channel
@@ -35,6 +37,11 @@ if TYPE_CHECKING:
     from hetsync.transport.runtime import Runtime
 
 __all__ = ["Closures", "Protocol", "Step"]
+
+
+def _run_time(runtime: Runtime) -> float:
+    """Seconds into the run, 0 until its clock has started (a receiver thread may ask)."""
+    return runtime.elapsed() if runtime.clock_started.is_set() else 0.0
 
 
 class Closures(Enum):
@@ -66,8 +73,10 @@ class Protocol:
         self.runtime = runtime
         self.model = model
         self.optimizer = optimizer
+        config = runtime.config
         self.network: Network = NetworkEmulator.for_run(
-            runtime.config.network, runtime.config.payload, runtime.world_size, model)
+            config.network, config.payload, runtime.world_size, model,
+            link_changes(parse_faults(config.fault)), partial(_run_time, runtime))
         """The emulated network (`--network`; `FreeNetwork`: nothing is delayed)."""
         self.codec = codec(runtime.config.compress)
 

@@ -27,14 +27,18 @@ class RingAllReduce:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self._duration: float | None = None
+        self._epoch = -1  # the network's, when `_duration` was modelled
 
     def end(self, workers: Sequence[W], receive: Callable[[W, E], None], result: E) -> None:
         """The last contribution is in: charge each of `workers` and call `receive(worker,
         result)` when the collective ends."""
         sim = self.sim
-        if self._duration is None:
+        network = sim.costs.network
+        network.refresh()
+        if self._duration is None or self._epoch != network.epoch:  # (a link slowed down)
             messages = ring_allreduce(range(sim.world), sim.costs.payload_bytes)
-            self._duration = sim.costs.network.duration(messages)
+            self._duration = network.duration(messages)
+            self._epoch = network.epoch
         now = sim.clock.now
         end = now + self._duration
         nbytes = 2 * (sim.world - 1) / sim.world * sim.costs.payload_bytes

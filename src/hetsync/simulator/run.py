@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 from hetsync.config import RunConfig, default_out
 from hetsync.errors import ConfigError, Deadlock
-from hetsync.faults import KINDS, parse_faults
+from hetsync.faults import KINDS, Kill, link_changes, parse_faults
 from hetsync.launch.launcher import (
     RunLock,
     RunResult,
@@ -38,6 +38,7 @@ from hetsync.protocols.registry import validated
 from hetsync.simulator.costs import LOCAL_NETWORK, SERVICE_S, Costs
 from hetsync.simulator.math import MathModel, check_math
 from hetsync.simulator.world import Simulation, SimWorker
+from hetsync.transport.codec import codec
 from hetsync.workloads import get_workload
 
 __all__ = ["SimOptions", "build", "run_events", "simulate", "simulation"]
@@ -80,9 +81,12 @@ def build(config: RunConfig, options: SimOptions = SimOptions()) -> Simulation:
     declared = parse_payload(config.payload)
     payload = float(declared if declared is not None
                     else model_bytes(get_workload(config.workload).build_model()))
+    payload *= codec(config.compress).ratio()  # what a model weighs on the wire
     slowdown = config.slowdown_spec().emulated()  # no kernel here: a cpu share S is 1/S
     costs = Costs.build(config.step_time, slowdown, config.network, config.workers, payload)
     sim = Simulation(config, costs, math=MathModel(config) if options.math else None)
+    costs.network.changes = link_changes(parse_faults(config.fault))
+    costs.network.now = lambda: sim.clock.now
     sim.service_s = {"group-generator": options.gg_service_us * 1e-6,
                      "parameter-server": options.ps_service_us * 1e-6}
     sim.workers = simulation(config.protocol)(sim)
@@ -102,25 +106,26 @@ def simulation(protocol: str) -> Callable[[Simulation], list[SimWorker]]:
 
 
 def _kills(config: RunConfig) -> list[tuple[int, float]]:
-    """(rank, seconds) of each `--fault kill`: the one failure simulated, a worker lost
-    under `--on-failure continue` (whose protocol and ranks real runs' check allows)."""
+    """(rank, seconds) of each `--fault kill`: a worker lost under `--on-failure continue`
+    (whose protocol and ranks real runs' check allows). `slow-link` is simulated too: the
+    network model applies it (`build`)."""
     faults = parse_faults(config.fault)
     for fault in faults:
         if not fault.SIMULATED:
             modelled = ", ".join(kind.NAME for kind in KINDS.values() if kind.SIMULATED)
-            raise ConfigError(f"hetsync simulate models --fault {modelled} only (a lost "
-                              f"worker): --fault {fault.kind} applies to real runs "
-                              "(hetsync train)")
-    if faults and config.on_failure != "continue":
+            raise ConfigError(f"hetsync simulate models --fault {modelled} only: "
+                              f"--fault {fault.kind} applies to real runs (hetsync train)")
+    kills = [fault for fault in faults if isinstance(fault, Kill)]
+    if kills and config.on_failure != "continue":
         raise ConfigError("hetsync simulate models a killed worker under --on-failure "
                           "continue only (without it a kill ends the run): add it")
-    essential = essential_ranks(config) if faults else frozenset()
-    for fault in faults:
+    essential = essential_ranks(config) if kills else frozenset()
+    for fault in kills:
         if fault.rank in essential:
             raise ConfigError(f"--fault kill:rank={fault.rank}: rank {fault.rank} hosts "
                               f"{config.protocol}'s central service, whose loss ends a real "
                               "run; hetsync simulate models the losses a run goes on without")
-    return [(f.rank, f.at_s) for f in faults if f.at_s is not None]  # a kill is at a time
+    return [(f.rank, f.at_s) for f in kills if f.at_s is not None]  # a kill is at a time
 
 
 def simulate(config: RunConfig, options: SimOptions = SimOptions()) -> RunResult:
