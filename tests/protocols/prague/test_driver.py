@@ -153,7 +153,8 @@ def test_loss_falls_on_real_workloads(workload, train_run, loss_fell):
      ({"schedule": "static", "workers_per_node": 0}, "--workers-per-node must be >= 1"),
      ({"group_lag": 2, "overlap": False}, "--group-lag applies to P-Reduces beside the compute"),
      ({"group_lag": 2, "schedule": "static"}, "--group-lag applies"),
-     ({"group_lag": -1}, "--group-lag must not be negative")],
+     ({"group_lag": -1}, "--group-lag must not be negative"),
+     ({"compress": "bf16", "preduce": "leader"}, "--compress bf16 applies to --preduce mesh")],
 )
 def test_bad_options_are_refused_before_anything_starts(options, match):
     with pytest.raises(ConfigError, match=match):

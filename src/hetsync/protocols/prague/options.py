@@ -81,6 +81,9 @@ def group_generator(config: RunOptions) -> GroupGeneratorCore:
 
 
 def check(config: RunOptions) -> None:
+    if config.compress != "none" and config.preduce not in ("auto", "mesh"):
+        raise ConfigError(f"--compress {config.compress} applies to --preduce mesh or auto (the "
+                          f"P-Reduce that sends encoded models), not {config.preduce}")
     if not 1 <= group_size(config) <= config.workers:
         raise ConfigError(f"--group-size must be in 1..{config.workers} (the number of "
                           f"workers) (got {config.group_size})")

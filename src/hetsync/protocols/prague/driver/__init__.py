@@ -37,7 +37,6 @@ import torch
 from torch import nn
 
 from hetsync.config import RunConfig
-from hetsync.errors import ConfigError
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.prague.driver.averaging import GroupAverager
 from hetsync.protocols.prague.driver.overlapped import OverlappedGroups
@@ -53,12 +52,6 @@ class Prague(Protocol):
     """Model averaging within groups: random groups from a Group Generator, or static ones."""
 
     closures = Closures.LOCAL  # a closure: a local step, then the group average
-
-    @classmethod
-    def check_config(cls, config: RunConfig) -> None:
-        if config.compress != "none" and config.preduce not in ("auto", "mesh"):
-            raise ConfigError(f"--compress {config.compress} applies to --preduce mesh or auto "
-                              f"(the P-Reduce that sends encoded models), not {config.preduce}")
 
     @classmethod
     def ends_alone(cls, config: RunConfig) -> bool:
