@@ -18,7 +18,8 @@ The layers, bottom to top (DEVELOPERS.md says what each holds):
                (hetsync.data, but its arithmetic, data.dealing: base)
     api        SyncOptimizer (api) and the public names (the hetsync package)
     launch     the launcher, its workers, monitor and checkpoints
-    simulator  the simulator and each protocol's simulation (protocols.<x>.simulation)
+    simulator  the simulator and each protocol's simulation and fuzzed invariants
+               (protocols.<x>.simulation, protocols.<x>.invariants)
     report     reports and plots of finished runs
     bench      the benchmark suites (they run, simulate and report)
     cli        the command line and the demo
@@ -50,6 +51,7 @@ RULES = (
     ("hetsync.protocols.*.driver", "drivers"),
     ("hetsync.protocols.*.driver.*", "drivers"),  # a driver of several modules: a package
     ("hetsync.protocols.*.simulation", "simulator"),
+    ("hetsync.protocols.*.invariants", "simulator"),
     ("hetsync.protocols.*.server", "drivers"),  # a driver's serving side (the ps server)
     ("hetsync.protocols.*.*wire", "transport"),
     ("hetsync.protocols.prague.preduce", "transport"),

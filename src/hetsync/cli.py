@@ -487,7 +487,9 @@ def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
     lost = summary.get("lost_workers")
     if isinstance(lost, list) and lost:
         ranks = ", ".join(str(w["rank"]) for w in lost)
-        parts.append(f"{len(lost)} worker(s) lost (ranks {ranks})")
+        redealt = summary.get("redealt_items")
+        parts.append(f"{len(lost)} worker(s) lost (ranks {ranks}"
+                     + (f"; {redealt} items of their claims dealt again)" if redealt else ")"))
     distance = summary.get("final_consensus_distance")
     if distance is not None:
         parts.append(f"final models {float(distance):.2g} apart (consensus distance)")

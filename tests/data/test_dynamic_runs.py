@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from hetsync.cli import main
 from hetsync.config import RunConfig
 from hetsync.errors import WorkerFailed
 from hetsync.launch.checkpoint import checkpoint_path, resume_config
@@ -59,3 +60,23 @@ def test_a_killed_dynamic_run_resumes_without_reusing_a_batch(tmp_path):
     result = run(resume_config(out, {}), resume=True)
     assert result.summary["stop_reason"].startswith("loop ended")
     assert 0 <= 2 * BATCHES - sum(result.summary["iterations"]) <= since
+
+
+@pytest.mark.slow
+def test_a_killed_workers_claim_is_dealt_again_and_the_summary_counts_it(tmp_path, capsys):
+    """Rank 3 of 4 is killed mid-epoch (mid-step: its claim of one batch open) under
+    `--on-failure continue`, 1.2 s into a first epoch of about 2.3 s (the loss declared
+    before the others end it); the others deal its claim again, and the run's summary (and
+    its last line) says how many items."""
+    out = tmp_path / "run"
+    assert main(["train", "--protocol", "adpsgd", "--workload", "digits", "--workers", "4",
+                 "--epochs", "2", "--sampler", "dynamic", "--step-time", "100",
+                 "--no-stop-at-target", "--on-failure", "continue", "--hang-timeout", "2",
+                 "--fault", "kill:rank=3,at=1.2s", "--out", str(out), "--quiet"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stop_reason"].startswith("loop ended")
+    assert [w["rank"] for w in summary["lost_workers"]] == [3]
+    batch = get_workload("digits").batch_size
+    assert summary["redealt_items"] == batch  # its batch in hand
+    assert f"1 worker(s) lost (ranks 3; {batch} items of their claims dealt again)" in (
+        capsys.readouterr().out)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from hetsync.config import RunConfig, default_out
+from hetsync.data.dealing import REDEALT_KEY
 from hetsync.errors import ConfigError, WorkerFailed
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import Resume, lost_before, prepare_resume
@@ -195,6 +196,7 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
         _finish_evaluation(evaluation, placement)
     _warn_unprepared(monitor)
     reasons = [_stop_reason(control, r) for r in range(config.workers) if r not in monitor.lost]
+    extra["redealt_items"] = control.add(REDEALT_KEY, 0)  # lost workers' claims dealt again
     summary = {**summarize(run_dir, config, next((r for r in reasons if r), None)), **extra}
     write_summary(run_dir, summary)
     return RunResult(run_dir, summary)
