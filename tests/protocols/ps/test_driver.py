@@ -15,10 +15,14 @@ from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.launch.launcher import run
 from hetsync.metrics.summary import read_jsonl
+from hetsync.network.emulator import FreeNetwork
 from hetsync.protocols.ps.core import PSServerCore
-from hetsync.protocols.ps.driver import _Server, _Tensors
+from hetsync.protocols.ps.server import LocalPush, Server
 from hetsync.protocols.ps.wire import PushHeader
+from hetsync.transport.channel import Channel
+from hetsync.transport.links import Link
 from hetsync.transport.lost_workers import LOST_KEY, LostWorkers
+from hetsync.transport.runtime import Runtime
 
 pytestmark = pytest.mark.integration
 
@@ -35,13 +39,30 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
-def _push(server: _Server, grad: list[float], version: int = 0,
+def _server(optimizer: torch.optim.Optimizer, buffers: list[torch.Tensor], core: PSServerCore,
+            lost: LostWorkers | None = None) -> Server:
+    """A server on rank 0 of a run of one process, with no process group and no network."""
+    runtime = Runtime(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"),
+                      backend="gloo", config=RunConfig(protocol="ps"), store=dist.HashStore(),
+                      t0=time.time(), run_dir=None, launched=False, hang_timeout=20.0,
+                      lost=lost)
+    return Server(optimizer, buffers, core, Channel(Link.default(), runtime, FreeNetwork()))
+
+
+def _push(server: Server, grad: list[float], version: int = 0,
           delta: tuple[float, ...] = ()) -> torch.Tensor:
     """A push as a worker sends it: kind, version and vote as int64 words, then its values."""
-    return server.link.pack(server.frame, (1, version, 0), [torch.tensor([*grad, *delta])])
+    return server.channel.link.pack(server.frame, (1, version, 0),
+                                    [torch.tensor([*grad, *delta])])
 
 
-def _read(server: _Server, reply: torch.Tensor) -> list[float]:
+def _round(server: Server, push: torch.Tensor | LocalPush) -> torch.Tensor:
+    """Rank 0's push and the reply it waits for."""
+    server.push(push)
+    return server.reply()
+
+
+def _read(server: Server, reply: torch.Tensor) -> list[float]:
     """A reply's header words (version, staleness, stop), then its values."""
     return [*server.frame.header(reply), *server.frame.payload(reply).tolist()]
 
@@ -106,16 +127,16 @@ def test_ps_backup_is_checked_before_starting(options, match):
 def test_server_applies_each_push_with_the_worker_optimizer(sync):
     param = nn.Parameter(torch.tensor([1.0, 2.0]))
     buffer = torch.tensor([5.0])
-    server = _Server(torch.optim.SGD([param], lr=0.5), [buffer],
+    server = _server(torch.optim.SGD([param], lr=0.5), [buffer],
                      PSServerCore(1, "sync" if sync else "async"))
-    reply = server.push(_push(server, [2.0, -2.0], delta=(1.5,)))
+    reply = _round(server, _push(server, [2.0, -2.0], delta=(1.5,)))
     assert _read(server, reply) == [1.0, 0.0, 0.0, 0.0, 3.0, 6.5]
     server.close()
 
 
 @pytest.mark.parametrize("sync", [True, False])
 def test_rank_0_s_tensors_pushed_as_they_are_step_the_server_as_its_packed_message(sync):
-    # Rank 0 hands the server its gradients and buffer change unpacked (`_Tensors`): the
+    # Rank 0 hands the server its gradients and buffer change unpacked (`LocalPush`): the
     # server's model after a few rounds is the one packed messages give, bit for bit.
     generator = torch.Generator().manual_seed(0)
     shapes = [(3, 5), (7,), (2, 2, 2)]
@@ -125,14 +146,14 @@ def test_rank_0_s_tensors_pushed_as_they_are_step_the_server_as_its_packed_messa
     replies = []
     for unpacked in (False, True):
         params = [nn.Parameter(t.clone()) for t in start]
-        server = _Server(torch.optim.SGD(params, lr=0.3, momentum=0.9), [torch.zeros(4)],
+        server = _server(torch.optim.SGD(params, lr=0.3, momentum=0.9), [torch.zeros(4)],
                          PSServerCore(1, "sync" if sync else "async"))
         for version, (grads, delta) in enumerate(pushes):
             header = PushHeader(version, False)
             assert server.takes_tensors(grads)
-            push = (_Tensors(header, grads, delta) if unpacked
-                    else server.link.pack(server.frame, header.encode(), [*grads, delta]))
-            reply = server.push(push)
+            push = (LocalPush(header, grads, delta) if unpacked
+                    else server.channel.link.pack(server.frame, header.encode(), [*grads, delta]))
+            reply = _round(server, push)
             server.release(reply)
         replies.append(reply.clone())
         server.close()
@@ -144,17 +165,17 @@ def test_a_server_of_parameters_of_two_dtypes_steps_them_from_the_mean_too():
     # not (a float64 parameter beside float32 ones) the mean is copied into each.
     weight, scale = nn.Parameter(torch.tensor([1.0, 2.0])), nn.Parameter(torch.tensor([4.0],
                                                                            dtype=torch.float64))
-    server = _Server(torch.optim.SGD([weight, scale], lr=0.5), [], PSServerCore(1))
-    reply = server.push(_push(server, [2.0, -2.0, 1.0]))
+    server = _server(torch.optim.SGD([weight, scale], lr=0.5), [], PSServerCore(1))
+    reply = _round(server, _push(server, [2.0, -2.0, 1.0]))
     assert _read(server, reply) == [1.0, 0.0, 0.0, 0.0, 3.0, 3.5]
-    reply = server.push(_push(server, [2.0, 2.0, 2.0], version=1))  # the sums start afresh
+    reply = _round(server, _push(server, [2.0, 2.0, 2.0], version=1))  # the sums start afresh
     assert _read(server, reply) == [2.0, 0.0, 0.0, -1.0, 2.0, 2.5]
     server.close()
 
 
 def test_rank_0_takes_its_reply_after_the_remote_ones_are_sent_even_if_one_fails(monkeypatch):
     param = nn.Parameter(torch.zeros(2))
-    server = _Server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(1))
+    server = _server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(1))
     seen: list[tuple[int, bool]] = []
 
     def send(reply: torch.Tensor, rank: int, tag: int = 0) -> None:
@@ -162,7 +183,7 @@ def test_rank_0_takes_its_reply_after_the_remote_ones_are_sent_even_if_one_fails
         if rank == 2:
             raise RuntimeError("Connection closed by peer")
 
-    monkeypatch.setattr(server.link, "send", send)
+    monkeypatch.setattr(server.channel.link, "send", send)
     local = torch.zeros(4)
     with pytest.raises(RuntimeError, match="closed by peer"):
         server._send([(1, torch.zeros(4)), (2, torch.zeros(4)), (0, local)])
@@ -175,11 +196,11 @@ def test_server_steps_each_group_with_the_workers_current_hyper_parameters():
     weight, bias = nn.Parameter(torch.tensor([1.0])), nn.Parameter(torch.tensor([1.0]))
     worker = torch.optim.SGD([{"params": [weight], "weight_decay": 1.0},
                               {"params": [bias], "weight_decay": 0.0}], lr=0.5)
-    server = _Server(worker, [], PSServerCore(1))
-    assert _read(server, server.push(_push(server, [0.0, 0.0]))) == [1.0, 0.0, 0.0, 0.5, 1.0]
+    server = _server(worker, [], PSServerCore(1))
+    assert _read(server, _round(server, _push(server, [0.0, 0.0]))) == [1.0, 0.0, 0.0, 0.5, 1.0]
     for group in worker.param_groups:  # as a scheduler does, after the optimizer was wrapped
         group["lr"] = 0.1
-    reply = server.push(_push(server, [1.0, 1.0], version=1))
+    reply = _round(server, _push(server, [1.0, 1.0], version=1))
     assert _read(server, reply) == pytest.approx([2.0, 0.0, 0.0, 0.35, 0.9])
     server.close()
 
@@ -188,7 +209,7 @@ def test_async_pushes_of_a_round_move_an_adam_model_as_far_as_one_sync_step():
     # n pushes at 1/n of the rate: one step's worth, for Adam too (scaling the gradient by
     # 1/n instead would take n full Adam steps, since Adam normalises the gradient away).
     param = nn.Parameter(torch.zeros(2))
-    server = _Server(torch.optim.Adam([param], lr=0.1), [], PSServerCore(2, "async"))
+    server = _server(torch.optim.Adam([param], lr=0.1), [], PSServerCore(2, "async"))
     with server.cond:  # the serving thread died at once (no process group); pushes go direct
         for version in range(2):
             server._accept(_push(server, [1.0, -2.0], version=version), 1)
@@ -201,7 +222,7 @@ def test_the_servers_host_copy_drops_a_gpu_optimizers_gpu_only_settings():
     param = nn.Parameter(torch.zeros(2))
     betas = (torch.tensor(0.9), torch.tensor(0.999))
     adam = torch.optim.Adam([param], lr=torch.tensor(0.1), betas=betas, capturable=True)
-    server = _Server(adam, [], PSServerCore(2, "async"))
+    server = _server(adam, [], PSServerCore(2, "async"))
     hyper = server.optimizer.param_groups[0]
     assert hyper["capturable"] is False and hyper["lr"] == pytest.approx(0.1)
     assert hyper["betas"] == pytest.approx((0.9, 0.999))
@@ -214,9 +235,9 @@ def test_the_servers_host_copy_drops_a_gpu_optimizers_gpu_only_settings():
 def test_a_dead_server_thread_is_reported_not_waited_for():
     # No process group: the serving thread's first receive fails.
     param = nn.Parameter(torch.zeros(2))
-    server = _Server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(2))
+    server = _server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(2))
     with pytest.raises(RuntimeError, match="parameter server thread died"):
-        server.push(_push(server, [1.0, 1.0]))
+        _round(server, _push(server, [1.0, 1.0]))
 
 
 def test_a_reply_to_a_worker_that_just_died_neither_deadlocks_nor_misses_its_loss(monkeypatch):
@@ -226,7 +247,7 @@ def test_a_reply_to_a_worker_that_just_died_neither_deadlocks_nor_misses_its_los
     param = nn.Parameter(torch.zeros(2))
     store = dist.HashStore()
     lost = LostWorkers(store, world_size=3, confirm_timeout=5.0)
-    server = _Server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(1), lost=lost)
+    server = _server(torch.optim.SGD([param], lr=0.1), [], PSServerCore(1), lost)
     server.core, server.remote = PSServerCore(3, "sync"), {1, 2}
 
     def closed(*args: object, **kwargs: object) -> None:

@@ -1,6 +1,6 @@
-"""The parameter server's message headers: a push's (kind, version, vote) and a reply's
-(version, staleness, stop), as int64 words ahead of the flat gradient or model (`Frame`), so a
-version stays exact past any dtype's integers."""
+"""The parameter server's messages: their tags, and their headers, a push's (kind, version,
+vote) and a reply's (version, staleness, stop), as int64 words ahead of the flat gradient or
+model (`Frame`), so a version stays exact past any dtype's integers."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import torch
 
 from hetsync.transport.header import Frame
 
-__all__ = ["PushHeader", "ReplyHeader", "frame"]
+__all__ = ["PULL_TAG", "PUSH_TAG", "RESUME_TAG", "PushHeader", "ReplyHeader", "frame"]
+
+PUSH_TAG, PULL_TAG, RESUME_TAG = 21, 22, 23
+"""A push (or goodbye) to the server, its reply, and a resumed run's model from rank 0."""
 
 _WORDS = 3  # a push's and a reply's headers have the same size: one Frame for both
 _PUSH, _BYE = 1, 2
