@@ -15,7 +15,7 @@ def test_random_schedules_keep_every_promise(variant):
     assert result.failures == []
     assert result.schedules == 40 and result.events > 1000
     if variant.startswith("prague"):
-        assert result.groups > 100
+        assert result.checked["groups"] > 100
     if variant.endswith("-lose1"):  # a worker lost before it finished, in most schedules
         assert result.lost >= 30
 
@@ -32,6 +32,18 @@ def test_the_fuzzer_catches_a_sum_that_is_not_conserved(monkeypatch):
     monkeypatch.setattr(fuzzing, "CONSERVING", fuzzing.CONSERVING | {"ps-sync"})
     result = fuzz("ps-sync", schedules=5)
     assert len(result.failures) == 5 and "drifted" in result.failures[0]
+
+
+def test_the_fuzzer_checks_each_protocols_own_invariants(monkeypatch):
+    """A protocol's promises beyond every protocol's are its package's `invariants.py`."""
+    from hetsync.protocols.hop import invariants
+
+    def broken(sim):
+        raise AssertionError(f"hop's own check ran on {len(sim.workers)} workers")
+
+    monkeypatch.setattr(invariants, "check", broken)
+    result = fuzz("hop", schedules=3)
+    assert len(result.failures) == 3 and "hop's own check ran" in result.failures[0]
 
 
 def test_every_variant_fuzzes_its_own_configuration():

@@ -11,6 +11,8 @@ decisions, without I/O) and, by these names:
   `USES_TOPOLOGY = True` for a protocol that averages over `--topology` (`GRAPH_PROTOCOLS`);
 - `simulation.py` (optional): `build_workers(sim)`, its simulation (`SIMULATED`), imported
   by the simulator only;
+- `invariants.py` (optional, beside a simulation): what the simulator's fuzz checks of it
+  beyond every protocol's promises (`CHECKED`; hetsync.simulator.fuzz says what it may hold);
 - `variants.py`: `VARIANTS`, its `NamedVariant`s, one of them the default (`all_variants`),
   which the bench suites and both fuzzers run.
 A run's `RunConfig` holds the chosen protocol's `Options` (`OPTIONS_OF`), and the command line
@@ -35,7 +37,7 @@ from hetsync.protocols.variant import NamedVariant
 if TYPE_CHECKING:
     from hetsync.protocols.run_options import RunOptions
 
-__all__ = ["BUILTIN", "GRAPH_PROTOCOLS", "OPTIONS_OF", "PROTOCOL_OPTIONS", "SIMULATED",
+__all__ = ["BUILTIN", "CHECKED", "GRAPH_PROTOCOLS", "OPTIONS_OF", "PROTOCOL_OPTIONS", "SIMULATED",
            "TOLERATE_LOSS", "all_variants", "check_protocol_options", "essential_ranks",
            "option_clashes", "option_owners"]
 
@@ -53,6 +55,10 @@ BUILTIN = tuple(sorted(info.name for info in pkgutil.iter_modules([str(_HERE)])
 #: The built-in protocols that have a simulation (`<package>/simulation.py`, with
 #: `build_workers(sim)`); only the simulator imports it (`hetsync.simulator.run.simulation`).
 SIMULATED = tuple(name for name in BUILTIN if (_HERE / name / "simulation.py").is_file())
+
+#: The simulated protocols whose package says what the fuzz checks of it beyond every
+#: protocol's promises (`<package>/invariants.py`); only the fuzz imports it.
+CHECKED = tuple(name for name in SIMULATED if (_HERE / name / "invariants.py").is_file())
 
 
 def _options_module(name: str) -> ModuleType | None:

@@ -9,11 +9,15 @@ in real runs; a schedule fails if any of the protocol's promises breaks:
 - it ends: no deadlock, no protocol error (the cores check their own invariants as they go:
   Hop's gap bound on every update, the Group Generator's global order, a round's members);
 - every worker completes its iterations;
-- Hop: no update older than `--staleness` is used (without skipping);
-- Prague: every group is run by all of its members, each worker runs its groups in id order
-  (the Group Generator's global order), and members agree on who is in a group;
 - the sum of the models is conserved where the protocol promises it (the averaging
-  protocols: every weighted average is doubly stochastic).
+  protocols: every weighted average is doubly stochastic);
+- the protocol's own, in its package's `invariants.py` (catalog's `CHECKED`), so that a new
+  protocol brings its own: `check(sim)` asserts them after the run and returns what it
+  counted (Prague: `{"groups": n}`); `completed(sim, iterations)`, where the protocol
+  promises other iteration counts than every survivor's `iterations` (the parameter
+  server's backups). Hop: no update older than `--staleness` is used (without skipping);
+  Prague: every group is run by all of its members, each worker runs its groups in id order
+  (the Group Generator's global order), and members agree on who is in a group.
 
 The `-lose1` variants lose one random worker (never one that hosts a service) at a random
 time, declared lost after a random delay (`Simulation.detection_s`: from at once to the real
@@ -29,8 +33,11 @@ what of it the survivors had already mixed in stays.
 
 from __future__ import annotations
 
+import importlib
 import random
+from collections import Counter
 from dataclasses import dataclass, field, replace
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -38,10 +45,10 @@ import torch
 from hetsync.config import RunConfig
 from hetsync.cores.errors import ProtocolError
 from hetsync.errors import Deadlock
-from hetsync.protocols.catalog import SIMULATED, all_variants, essential_ranks
+from hetsync.protocols.catalog import CHECKED, SIMULATED, all_variants, essential_ranks
 from hetsync.simulator.jitter import Jitter
 from hetsync.simulator.run import SimOptions, build, run_events
-from hetsync.simulator.world import DETECTION_S
+from hetsync.simulator.world import DETECTION_S, Simulation
 
 __all__ = ["CONSERVING", "VARIANTS", "FuzzResult", "fuzz"]
 
@@ -63,8 +70,8 @@ class FuzzResult:
     variant: str
     schedules: int = 0
     events: int = 0
-    groups: int = 0
-    """P-Reduces checked (Prague)."""
+    checked: Counter[str] = field(default_factory=Counter)
+    """What the protocol's own invariants counted, by name (Prague: the groups)."""
     lost: int = 0
     """Schedules that lost a worker before it finished (the `-lose1` variants)."""
     failures: list[str] = field(default_factory=list)
@@ -77,7 +84,7 @@ def fuzz(variant: str, schedules: int, seed: int = 0, math: bool = True) -> Fuzz
     for k in range(schedules):
         schedule_seed = seed * 1_000_003 + k
         try:
-            result.events, result.groups = _schedule(variant, schedule_seed, math, result)
+            _schedule(variant, schedule_seed, math, result)
         except (Deadlock, ProtocolError, AssertionError, RuntimeError, ValueError) as error:
             first = str(error).splitlines()[0] if str(error) else type(error).__name__
             result.failures.append(f"seed {schedule_seed}: {type(error).__name__}: {first}")
@@ -85,7 +92,19 @@ def fuzz(variant: str, schedules: int, seed: int = 0, math: bool = True) -> Fuzz
     return result
 
 
-def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[int, int]:
+def _invariants(protocol: str) -> ModuleType | None:
+    """`protocol`'s own promises (its package's `invariants.py`), imported only here."""
+    if protocol not in CHECKED:
+        return None
+    return importlib.import_module(f"hetsync.protocols.{protocol}.invariants")
+
+
+def _completed(sim: Simulation, iterations: int) -> None:
+    done = [len(worker.rows) for worker in sim.survivors]
+    assert done == [iterations] * len(done), f"iterations completed: {done}"
+
+
+def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> None:
     rng = random.Random(seed)
     options = VARIANTS[variant]
     workers = rng.choice((4, 6, 8))  # even: AD-PSGD's ring must be bipartite
@@ -110,45 +129,13 @@ def _schedule(variant: str, seed: int, math: bool, result: FuzzResult) -> tuple[
         before = sim.math.x.sum(0)
     run_events(sim, [], progress=False)
     result.lost += bool(sim.lost)
-    done = [len(worker.rows) for worker in sim.survivors]
-    if options.get("ps_backup"):
-        # The stop is agreed at a round: a worker whose gradient was dropped goes on to the
-        # round that carries the stop, one iteration past its own, so that every worker ends
-        # on the server's final model.
-        assert _ITERATIONS <= max(done) <= _ITERATIONS + 1 and min(done) >= 1, (
-            f"iterations completed: {done}")
-    else:
-        assert done == [_ITERATIONS] * len(done), f"iterations completed: {done}"
-    if options["protocol"] == "hop" and not options.get("skip"):
-        bound = options.get("staleness", 0)
-        old = max(row["staleness"] for w in sim.workers for row in w.rows)
-        assert old <= bound, f"hop used an update {old} iterations old (bound {bound})"
-    groups = _check_groups(sim) if options["protocol"] == "prague" else 0
+    own = _invariants(options["protocol"])
+    getattr(own, "completed", _completed)(sim, _ITERATIONS)  # (None has none: the default)
+    counted = own.check(sim) if hasattr(own, "check") else {}
     if before is not None and variant in CONSERVING:
         assert sim.math is not None
         drift = float((sim.math.x.sum(0) - before).abs().max())
         assert drift < 1e-3, f"the sum of the models drifted by {drift:.2g}"
-    return result.events + sim.clock.events, result.groups + groups
+    result.events += sim.clock.events
+    result.checked.update(counted)
 
-
-def _check_groups(sim: Any) -> int:
-    """Every group run by all its members (but a lost one), in id order on each, with agreed
-    members."""
-    members: dict[int, tuple[int, ...]] = {}
-    ran: dict[int, set[int]] = {}
-    for worker in sim.workers:
-        ids = [group[0] for row in worker.rows for group in row["groups"]]
-        if sim.config.schedule != "static":
-            assert ids == sorted(ids) and len(set(ids)) == len(ids), (
-                f"rank {worker.rank} ran groups out of the global order: {ids}")
-        for row in worker.rows:
-            for group_id, *group in row["groups"]:
-                key = tuple(group)
-                assert members.setdefault(group_id, key) == key or sim.config.schedule == (
-                    "static"), f"group {group_id}: members disagree ({members[group_id]}, {key})"
-                ran.setdefault(group_id, set()).add(worker.rank)
-    if sim.config.schedule != "static":
-        for group_id, ranks in ran.items():
-            assert set(members[group_id]) - ranks <= sim.dead, (
-                f"group {group_id} {members[group_id]} was run by {sorted(ranks)} only")
-    return len(ran)
