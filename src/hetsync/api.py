@@ -576,6 +576,8 @@ class SyncOptimizer(torch.optim.Optimizer):
     def _record(self, step: Step, loss: float | None) -> None:
         elapsed = self.runtime.elapsed()
         step.network_s += self.protocol.network.take_background()
+        if not self.protocol.codec.lossless:  # compression's own cost, off the wire
+            step.extra["codec_s"] = round(self.protocol.codec_time.take(), 6)
         if self._log is not None:
             row = {
                 "t": round(elapsed, 4),

@@ -28,7 +28,7 @@ from torch import nn
 from hetsync.faults import link_changes, parse_faults
 from hetsync.network.emulator import Network, NetworkEmulator
 from hetsync.step import Step
-from hetsync.transport.channel import Channel
+from hetsync.transport.channel import Channel, Seconds
 from hetsync.transport.codec import codec
 from hetsync.transport.links import Link
 
@@ -79,10 +79,12 @@ class Protocol:
             link_changes(parse_faults(config.fault)), partial(_run_time, runtime))
         """The emulated network (`--network`; `FreeNetwork`: nothing is delayed)."""
         self.codec = codec(runtime.config.compress)
+        self.codec_time = Seconds()
+        """Every channel's encoding and decoding, for the rows (`codec_s`)."""
 
     def open_channel(self, link: Link) -> Channel:
         """The channel of this worker's traffic on `link`: every message's duties."""
-        return Channel(link, self.runtime, self.network, self.codec)
+        return Channel(link, self.runtime, self.network, self.codec, self.codec_time)
 
     @classmethod
     def check_config(cls, config: RunConfig) -> None:

@@ -17,6 +17,7 @@ training thread's are: a slow link is not a deadlock).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
     from hetsync.step import Step
     from hetsync.transport.runtime import Runtime
 
-__all__ = ["Channel", "Pattern"]
+__all__ = ["Channel", "Pattern", "Seconds", "compressed_all_reduce"]
 
 Members = TypeVar("Members", bound=Sequence[int])
 """The ranks an operation ran among."""
@@ -50,11 +51,13 @@ class Channel:
     """A worker's traffic of one kind over `link`; see the module doc."""
 
     def __init__(self, link: Link, runtime: Runtime, network: Network,
-                 codec: Codec | None = None) -> None:
+                 codec: Codec | None = None, codec_time: Seconds | None = None) -> None:
         self.link = link
         self.runtime = runtime
         self.network = network
         self.codec = codec if codec is not None else Codec()
+        self.codec_time = codec_time if codec_time is not None else Seconds()
+        """Seconds spent encoding and decoding (the row's `codec_s`: compression's own cost)."""
         self.rank = runtime.rank
         self._residuals: dict[str, tuple[Residual, Residual]] = {}
 
@@ -115,6 +118,8 @@ class Channel:
         wire.write_header(message, header)
         values = self.link.flat(tensors).to(torch.float32) if tensors else None
         if values is None:
+        began = time.perf_counter()
+        values = self.link.flat(tensors).to(torch.float32)
             return message
         if feedback is not None:
             residual = self._residuals.setdefault(feedback, (Residual(), Residual()))[0]
@@ -123,6 +128,7 @@ class Channel:
             residual.keep(values, self.codec.decode(data, torch.empty_like(values)))
         else:
             data = self.codec.encode(values)
+        self.codec_time.add(time.perf_counter() - began)
         wire.payload(message).view(torch.uint8).copy_(data.to(message.device))
         return message
 
@@ -131,9 +137,12 @@ class Channel:
         `message` where the wire is lossless, else decoded into a new buffer."""
         wire = self.frame(frame)
         if wire is frame:
+        began = time.perf_counter()
             return frame.payload(message)
         out = torch.empty(frame.numel, dtype=frame.dtype, device=message.device)
-        return self.codec.decode(wire.payload(message).view(torch.uint8), out)
+        self.codec.decode(wire.payload(message).view(torch.uint8), out)
+        self.codec_time.add(time.perf_counter() - began)
+        return out
 
     # --- collectives (the training thread) ----------------------------------------------------
     def all_reduce(self, step: Step | None, flat: torch.Tensor, key: str,
@@ -213,7 +222,8 @@ class Channel:
             self.link.all_reduce(flat)
             return flat.numel() * flat.element_size()
         own, part = self._residuals.setdefault(key, (Residual(), Residual()))
-        return compressed_all_reduce(self.link, self.codec, flat, exact_tail, own, part)
+        return compressed_all_reduce(self.link, self.codec, flat, exact_tail, own, part,
+                                     self.codec_time)
 
     # --- point to point -----------------------------------------------------------------------
     def post(self, step: Step | None, sends: Transfers, receives: Transfers,
@@ -315,15 +325,34 @@ class Channel:
                                        copies, at)
         self.network.hold_until(None, arrival, arrival - at)
 
+class Seconds:
+    """Seconds added up from several threads, taken by the iteration's row."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._total = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._total += seconds
+
+    def take(self) -> float:
+        with self._lock:
+            taken, self._total = self._total, 0.0
+        return taken
+
+
 
 def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_tail: int,
-                          own: Residual, part: Residual) -> int:
+                          own: Residual, part: Residual, codec_time: Seconds | None = None,
+                          ) -> int:
     """Sum `flat` over `link`'s group with its body on the wire in `codec`'s format, summed in
     fp32 after decoding: each worker's share of the body (a k-th) is sent to the worker that
     owns that share (an all-to-all: a reduce-scatter's bytes), which decodes and sums the k
     copies, encodes the sum and sends it to all (an all-gather). Each worker sends
     2(k-1)/k of its encoded buffer, as a ring all-reduce does. Error feedback: `own` for this
     worker's body, `part` for the share it sums. The `exact_tail` last elements ride raw, in
+    began = time.perf_counter()
     fp32, summed exactly. Returns the bytes of one worker's encoded buffer."""
     k = link.world_size()
     n = flat.numel() - exact_tail
@@ -342,7 +371,9 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
         codec.decode(piece[:wire], sent_body[j * share : (j + 1) * share])
         piece[wire : wire + 4 * exact_tail].view(torch.float32).copy_(tail)
     own.keep(body, sent_body)
+    coding = time.perf_counter() - began
     received = link.on_wire(torch.empty_like(send))
+    began = time.perf_counter()
     link.all_to_all(received, link.on_wire(send))
     total = torch.zeros(share + exact_tail, dtype=torch.float32, device=flat.device)
     decoded = torch.empty(share, dtype=torch.float32, device=flat.device)
@@ -356,7 +387,9 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
     codec.encode(summed, out=mine[:wire])
     part.keep(summed, codec.decode(mine[:wire], decoded))
     mine[wire : wire + 4 * exact_tail].view(torch.float32).copy_(total[share:])
+    coding += time.perf_counter() - began
     gathered = link.on_wire(torch.empty(k * block, dtype=torch.uint8, device=flat.device))
+    began = time.perf_counter()
     link.all_gather(gathered, link.on_wire(mine))
     gathered = gathered.to(flat.device)
     for j in range(k):
@@ -364,5 +397,7 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
         codec.decode(piece[:wire], body[j * share : (j + 1) * share])
     flat[:n].copy_(body[:n])
     if exact_tail:
+    if codec_time is not None:
+        codec_time.add(coding + time.perf_counter() - began)
         flat[n:].copy_(gathered[wire : wire + 4 * exact_tail].view(torch.float32))
     return k * block
