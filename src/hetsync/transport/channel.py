@@ -116,11 +116,10 @@ class Channel:
             return self.link.pack(frame, header, tensors, out=out)
         message = self.link.empty(wire) if out is None else out
         wire.write_header(message, header)
-        values = self.link.flat(tensors).to(torch.float32) if tensors else None
-        if values is None:
+        if not tensors:
+            return message
         began = time.perf_counter()
         values = self.link.flat(tensors).to(torch.float32)
-            return message
         if feedback is not None:
             residual = self._residuals.setdefault(feedback, (Residual(), Residual()))[0]
             residual.add_into(values)
@@ -128,8 +127,8 @@ class Channel:
             residual.keep(values, self.codec.decode(data, torch.empty_like(values)))
         else:
             data = self.codec.encode(values)
-        self.codec_time.add(time.perf_counter() - began)
         wire.payload(message).view(torch.uint8).copy_(data.to(message.device))
+        self.codec_time.add(time.perf_counter() - began)
         return message
 
     def payload(self, frame: Frame, message: torch.Tensor) -> torch.Tensor:
@@ -137,8 +136,8 @@ class Channel:
         `message` where the wire is lossless, else decoded into a new buffer."""
         wire = self.frame(frame)
         if wire is frame:
-        began = time.perf_counter()
             return frame.payload(message)
+        began = time.perf_counter()
         out = torch.empty(frame.numel, dtype=frame.dtype, device=message.device)
         self.codec.decode(wire.payload(message).view(torch.uint8), out)
         self.codec_time.add(time.perf_counter() - began)
@@ -325,6 +324,7 @@ class Channel:
                                        copies, at)
         self.network.hold_until(None, arrival, arrival - at)
 
+
 class Seconds:
     """Seconds added up from several threads, taken by the iteration's row."""
 
@@ -342,7 +342,6 @@ class Seconds:
         return taken
 
 
-
 def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_tail: int,
                           own: Residual, part: Residual, codec_time: Seconds | None = None,
                           ) -> int:
@@ -352,8 +351,8 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
     copies, encodes the sum and sends it to all (an all-gather). Each worker sends
     2(k-1)/k of its encoded buffer, as a ring all-reduce does. Error feedback: `own` for this
     worker's body, `part` for the share it sums. The `exact_tail` last elements ride raw, in
-    began = time.perf_counter()
     fp32, summed exactly. Returns the bytes of one worker's encoded buffer."""
+    began = time.perf_counter()
     k = link.world_size()
     n = flat.numel() - exact_tail
     share = -(-n // k)
@@ -371,10 +370,10 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
         codec.decode(piece[:wire], sent_body[j * share : (j + 1) * share])
         piece[wire : wire + 4 * exact_tail].view(torch.float32).copy_(tail)
     own.keep(body, sent_body)
-    coding = time.perf_counter() - began
     received = link.on_wire(torch.empty_like(send))
-    began = time.perf_counter()
+    coding = time.perf_counter() - began
     link.all_to_all(received, link.on_wire(send))
+    began = time.perf_counter()
     total = torch.zeros(share + exact_tail, dtype=torch.float32, device=flat.device)
     decoded = torch.empty(share, dtype=torch.float32, device=flat.device)
     for j in range(k):
@@ -387,17 +386,17 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
     codec.encode(summed, out=mine[:wire])
     part.keep(summed, codec.decode(mine[:wire], decoded))
     mine[wire : wire + 4 * exact_tail].view(torch.float32).copy_(total[share:])
-    coding += time.perf_counter() - began
     gathered = link.on_wire(torch.empty(k * block, dtype=torch.uint8, device=flat.device))
-    began = time.perf_counter()
+    coding += time.perf_counter() - began
     link.all_gather(gathered, link.on_wire(mine))
+    began = time.perf_counter()
     gathered = gathered.to(flat.device)
     for j in range(k):
         piece = gathered[j * block : (j + 1) * block]
         codec.decode(piece[:wire], body[j * share : (j + 1) * share])
     flat[:n].copy_(body[:n])
     if exact_tail:
+        flat[n:].copy_(gathered[wire : wire + 4 * exact_tail].view(torch.float32))
     if codec_time is not None:
         codec_time.add(coding + time.perf_counter() - began)
-        flat[n:].copy_(gathered[wire : wire + 4 * exact_tail].view(torch.float32))
     return k * block
