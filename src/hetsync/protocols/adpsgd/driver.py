@@ -7,7 +7,10 @@ passive neighbour j, sends it x_i and receives the average; j, in a receiver thr
 serves one request at a time, sets x_j <- (x_i + x_j) / 2 under its model lock and replies
 with it; the active worker sets x_i to the same average, then applies its gradient (computed
 on x_i before averaging, as the algorithm prescribes). The request is posted when the
-iteration starts, so averaging runs while the gradient is computed.
+iteration starts, so averaging runs while the gradient is computed. With `--compress` both
+messages carry their model in the wire format (each side's encoding error fed into its next
+send): j keeps the average of its model and the decoded request, i loads the decoded reply, so
+the pair's models, and the sum of all, are conserved only to within the codec's rounding.
 
 Why no deadlock: only active workers wait for someone, and only for a passive worker's
 receiver thread; a passive receiver never waits for anyone while it serves (it only takes its
@@ -74,7 +77,6 @@ from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.links import bind_thread
-from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
@@ -115,6 +117,9 @@ class ADPSGD(Protocol):
         self.frame = frame(self.tensors)
         self.drift = BufferDrift(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory
+        self.channel = self.open_channel(self.link)
+        self._wire_bytes = self.channel.frame(self.frame).payload_bytes
+        """What a request's or reply's model weighs on the wire (`--compress`): its charge."""
         self.core = ADPSGDCore.of_run(self.topology, rank, config.seed, config.adpsgd_mode,
                                       config.adpsgd_max_gap)
         self.cond = threading.Condition()  # guards the core, shared with the receiver thread
@@ -186,7 +191,10 @@ class ADPSGD(Protocol):
     def on_load_average(self, decision: LoadAverage) -> None:
         pending = self._pending
         assert pending is not None and pending.partner == decision.partner
-        self._load(self.drift.apply(self._payload(pending.reply), self._payload(pending.message)))
+        average = self.channel.payload(self.frame, pending.reply)
+        if self.drift.buffers:  # (a compressed message is decoded only where it is read)
+            self.drift.apply(average, self.channel.payload(self.frame, pending.message))
+        self._load(average)
 
     def on_step_granted(self, decision: StepGranted) -> None:
         self._step_granted = decision.iteration
@@ -213,25 +221,20 @@ class ADPSGD(Protocol):
         if partner is None:  # not active, or no partner
             return
         if self._request_buffers is None:
-            self._request_buffers = (self.link.empty(self.frame), self.link.empty(self.frame))
+            self._request_buffers = (self.channel.empty(self.frame),
+                                     self.channel.empty(self.frame))
         message, reply = self._request_buffers
-        self.link.pack(self.frame, Header(iteration=step.iteration).encode(), self.tensors,
-                       out=message)
-        works: list[dist.Work] = []
-        self.runtime.before_send()
-        if not unless_lost(self.runtime.lost, partner, lambda: works.extend([
-                self.link.isend(message, partner, tag=_REQUEST_TAG),
-                self.link.irecv(reply, partner, tag=_REPLY_TAG)])):
+        self.channel.pack(self.frame, Header(iteration=step.iteration).encode(), self.tensors,
+                          out=message, feedback="model")
+        works = self.channel.request(step, message, reply, partner, (_REQUEST_TAG, _REPLY_TAG))
+        if works is None:
             self._request_buffers = None
             with self.cond:
                 self._execute(self.core.handle(ReplyLost(src=partner)))
             return
-        step.bytes_sent += message.numel() * message.element_size()
         step.extra["partner"] = partner
-        modelled = 0.0
-        if self.network is not None:
-            nbytes = self.network.scaled(self.frame.payload_bytes)
-            modelled = self.network.duration(push_pull(self.runtime.rank, partner, nbytes))
+        modelled = self.channel.duration(partial(push_pull, self.runtime.rank, partner),
+                                         self._wire_bytes)
         self._pending = _Pending(message, reply, works, time.time(), modelled, partner)
 
     def before_optimizer_step(self, step: Step) -> None:
@@ -244,11 +247,9 @@ class ADPSGD(Protocol):
             self._execute(self.core.handle(ComputeFinished(iteration=step.iteration)))
         pending = self._pending
         if pending is not None:
-            with step.blocking():
+            with self.channel.waiting(step):
                 self._finish_request()
-            if self.network is not None:
-                self.network.hold_until(step, pending.posted + pending.modelled,
-                                        pending.modelled)
+            self.channel.hold_for(step, pending.posted, pending.modelled)
         with self.cond:  # a passive worker's step must not interleave with a served average
             self._wait(lambda: self._step_granted == step.iteration)
 
@@ -263,8 +264,7 @@ class ADPSGD(Protocol):
         so not loading it would break the conservation of the sum of the models."""
         assert self._pending is not None
         works, partner = self._pending.works, self._pending.partner
-        if not unless_lost(self.runtime.lost, partner,
-                           lambda: [self.link.wait(work, partner) for work in works]):
+        if not self.channel.wait(None, works, partner):
             self._request_buffers = None
             with self.cond:
                 self._pending = None
@@ -285,10 +285,9 @@ class ADPSGD(Protocol):
             self._finish_request()
         with self.cond:
             byes, self._byes = self._byes, []
-        bye = self._message(Header(bye=True))
-        for partner in byes:
-            unless_lost(self.runtime.lost, partner, partial(self.link.send, bye, partner,
-                                                            tag=_REQUEST_TAG))
+        bye = self.channel.pack(self.frame, Header(bye=True).encode())  # a header, no model
+        for partner in byes:  # no model message: not delayed (--fault delay-messages) nor counted
+            self.channel.lost(partner, partial(self.link.send, bye, partner, tag=_REQUEST_TAG))
         if self._server is not None:  # until every client said goodbye or was lost
             with self.cond:
                 self._wait(lambda: self._server_done)
@@ -298,10 +297,13 @@ class ADPSGD(Protocol):
     def _serve(self) -> None:
         bind_thread(self.runtime.device)
         try:
-            nbytes = self.network.scaled(self.frame.payload_bytes) if (
-                self.network is not None) else 0.0
+            rank = self.runtime.rank
+            # A lossless wire: the average is made in the reply itself (packing then writes its
+            # header only); else in a buffer of the model's, which packing encodes.
+            encoded = None if self.channel.frame(self.frame) is self.frame else (
+                self.link.zeros(self.frame.numel, self.frame.dtype))
             requests = PeerStreams(self.link, self.core.clients, _REQUEST_TAG,
-                                   partial(self.link.empty, self.frame),
+                                   partial(self.channel.empty, self.frame),
                                    lambda message: Header.decode(self.frame, message).bye,
                                    reuse=True, name="adpsgd-passive")
             for source, buffer in requests:
@@ -313,8 +315,8 @@ class ADPSGD(Protocol):
                             return
                     continue
                 self._started.wait()
-                if self.network is not None:  # the request's bytes come in, one at a time
-                    self.network.occupy(point_to_point(source, self.runtime.rank, nbytes))
+                # the request's bytes come in, one at a time
+                self.channel.occupy(partial(point_to_point, source, rank), self._wire_bytes)
                 with self.cond:
                     self._execute(self.core.handle(RequestReceived(src=source,
                                                                    iteration=header.iteration)))
@@ -323,19 +325,19 @@ class ADPSGD(Protocol):
                     self.cond.wait_for(lambda src=source: self._serve_granted == src)
                     self._serve_granted = None
                 # the core holds this worker's lock for us: no step or own average meanwhile;
-                # the average is made in the reply itself and loaded through `.data` (`_load`)
-                reply = self._served if self._served is not None else self.link.empty(self.frame)
+                # the average is loaded through `.data` (`_load`)
+                reply = self._served if self._served is not None else self.channel.empty(
+                    self.frame)
                 self._served = None
+                average = self.frame.payload(reply) if encoded is None else encoded
                 self.link.average_pair_into([t.data for t in self.tensors],
-                                            self._payload(buffer), self._payload(reply))
+                                            self.channel.payload(self.frame, buffer), average)
                 with self.cond:  # the trainer may now step or send its request
                     self._execute(self.core.handle(Served(src=source)))
-                self.frame.write_header(reply, Header().encode())
-                if self.network is not None:
-                    self.network.occupy(point_to_point(self.runtime.rank, source, nbytes))
-                self.runtime.before_send()
-                if unless_lost(self.runtime.lost, source,
-                               partial(self.link.send, reply, source, tag=_REPLY_TAG)):
+                self.channel.pack(self.frame, Header().encode(), () if encoded is None else
+                                  (encoded,), out=reply, feedback="served")
+                self.channel.occupy(partial(point_to_point, rank, source), self._wire_bytes)
+                if self.channel.send(None, reply, source, _REPLY_TAG):
                     self._served = reply  # sent: free again
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread
             with self.cond:
@@ -347,12 +349,6 @@ class ADPSGD(Protocol):
             raise RuntimeError(f"adpsgd receiver thread failed: {self._server_error!r}")
 
     # --- flat model helpers ---------------------------------------------------------------------
-    def _message(self, header: Header) -> torch.Tensor:
-        return self.link.pack(self.frame, header.encode(), self.tensors)
-
-    def _payload(self, message: torch.Tensor) -> torch.Tensor:
-        return self.frame.payload(message)
-
     def _load(self, flat: torch.Tensor) -> None:
         """Write a flat model through `.data`, so that a backward pass running on the training
         thread is not invalidated by a version-counter bump."""
