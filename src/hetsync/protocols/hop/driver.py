@@ -43,7 +43,6 @@ import torch.distributed as dist
 from torch import nn
 
 from hetsync.config import RunConfig
-from hetsync.network.model import Message
 from hetsync.network.patterns import point_to_point
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.hop.core import (
@@ -71,7 +70,6 @@ from hetsync.protocols.hop.wire import TOKEN_FRAME, TokenHeader, UpdateHeader, u
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import model_tensors
-from hetsync.transport.lost_workers import unless_lost
 from hetsync.transport.peer_streams import Item, PeerStreams
 from hetsync.transport.runtime import Runtime
 
@@ -108,6 +106,7 @@ class Hop(Protocol):
         in_peers, out_peers = self.core.in_peers, self.core.out_peers
         self.tensors = model_tensors(model)
         self.link = runtime.links.host  # receives on threads: gloo, on host memory
+        self.channel = self.open_channel(self.link)
         self.timeout = runtime.wait_timeout
         self.inbox: queue.Queue[_Item] = queue.Queue()
         self.updates: dict[tuple[int, int], torch.Tensor] = {}
@@ -131,7 +130,7 @@ class Hop(Protocol):
         self._lost: set[int] = set()
         self._failed: BaseException | None = None  # a receiver thread's error: ends `close`
         for tag, new, kind in ((_UPDATE_TAG, self._spare_update, "updates"),
-                               (_TOKEN_TAG, partial(self.link.empty, TOKEN_FRAME), "tokens")):
+                               (_TOKEN_TAG, partial(self.channel.empty, TOKEN_FRAME), "tokens")):
             PeerStreams(self.link, self._open[tag], tag, new, partial(self._is_end, tag),
                         reuse=False, name=f"hop-{kind}", deliver=partial(self._receive, tag))
         if runtime.lost is not None:
@@ -174,7 +173,7 @@ class Hop(Protocol):
         """Feed `event`, then incoming messages for as long as the core says `Wait`."""
         decisions = self.core.handle(event)
         while (wait := self._execute(decisions, step)) is not None:
-            with step.blocking():
+            with self.channel.waiting(step):
                 began = time.perf_counter()
                 try:
                     item = self.inbox.get(timeout=self.timeout)
@@ -216,16 +215,18 @@ class Hop(Protocol):
 
     def on_send_update(self, decision: SendUpdate) -> None:
         again = decision.tag == self._update_tag  # a deferred update: the message as first sent
-        if self.network is not None:  # the emulated network charges each send from its start
-            with self._step.blocking():
+        frame = self._frames[_UPDATE_TAG]
+        emulated = self.channel.network.emulated
+        if emulated:  # the emulated network charges each send from its start
+            with self.channel.waiting(self._step):
                 self._wait_sends(self._step)
-        header = UpdateHeader(decision.tag, self._stamp()).encode()
+        header = UpdateHeader(decision.tag, self.channel.stamp()).encode()
         if again:
-            if self.network is not None:  # charged from when it goes
-                self._frames[_UPDATE_TAG].write_header(self._update_out, header)
+            if emulated:  # charged from when it goes
+                self.channel.frame(frame).write_header(self._update_out, header)
         else:
-            self._update_out = self.link.pack(self._frames[_UPDATE_TAG], header, self.tensors,
-                                              out=self._update_buffer())
+            self._update_out = self.channel.pack(frame, header, self.tensors,
+                                                 out=self._update_buffer(), feedback="model")
             if len(self._update_buffers) < _UPDATE_BUFFERS:
                 self._update_buffers.append(self._update_out)
             self._packs += 1
@@ -248,16 +249,13 @@ class Hop(Protocol):
             self._spare.append(self.updates.pop((decision.src, tag)))
 
     def _send(self, message: torch.Tensor, to: tuple[int, ...], tag: int, step: Step) -> None:
-        self.runtime.before_send()
-        for j in to:
-            if j not in self._lost:  # a send to a peer that just died can fail at once
-                unless_lost(self.runtime.lost, j, lambda j=j: self._sends.append(
-                    (self.link.isend(message, j, tag=tag), j, self._packs)))
-        step.bytes_sent += message.numel() * message.element_size() * len(to)
+        live = [j for j in to if j not in self._lost]  # a send to one just lost can fail at once
+        works = self.channel.isend(step, message, live, tag)
+        self._sends.extend((work, j, self._packs) for work, j in works)
 
     def _tokens(self, count: int | None) -> torch.Tensor:
         """A token message returning `count` tokens (None: the end marker)."""
-        return self.link.pack(TOKEN_FRAME, TokenHeader(count).encode())
+        return self.channel.pack(TOKEN_FRAME, TokenHeader(count).encode())
 
     def _update_buffer(self) -> torch.Tensor | None:
         """Where to pack the next update (None: a new buffer, until there are
@@ -270,7 +268,7 @@ class Hop(Protocol):
             return None
         oldest = self._packs - _UPDATE_BUFFERS  # the update that buffer holds
         if any(packs <= oldest + 1 for _, _, packs in self._sends):
-            with self._step.blocking():
+            with self.channel.waiting(self._step):
                 self._wait_sends(self._step, up_to=oldest + 1)
         return self._update_buffers[oldest % _UPDATE_BUFFERS]
 
@@ -284,7 +282,7 @@ class Hop(Protocol):
                 pending.append((work, to, packs))
                 continue
             began = time.perf_counter()
-            unless_lost(self.runtime.lost, to, partial(self.link.wait, work, to))
+            self.channel.wait(None, [work], peer=to)
             waited = time.perf_counter() - began
             if step is not None and waited > 1e-3:
                 step.count_seconds(f"wait_send_to_{to}_s", waited)
@@ -306,7 +304,8 @@ class Hop(Protocol):
         frame = self._frames[_UPDATE_TAG]
         self._average_out = self.link.mix_into(
             self.tensors, self_weight,
-            [(frame.payload(self.updates[j, tag]), weights[j]) for j, tag in inputs.items()],
+            [(self.channel.payload(frame, self.updates[j, tag]), weights[j])
+             for j, tag in inputs.items()],
             out=self._average_out)
 
     def _describe(self, wait: Wait) -> str:
@@ -326,7 +325,7 @@ class Hop(Protocol):
         try:
             return self._spare.pop()
         except IndexError:
-            return self.link.empty(self._frames[_UPDATE_TAG])
+            return self.channel.empty(self._frames[_UPDATE_TAG])
 
     def _is_end(self, tag: int, message: torch.Tensor) -> bool:
         """Whether `message` is its sender's end marker on channel `tag`."""
@@ -351,7 +350,7 @@ class Hop(Protocol):
                 self._channels.notify_all()
             self.inbox.put((NeighbourLeft(rank=src), None))
             return
-        if self.network is not None:
+        if self.channel.network.emulated:
             self._charge_network(src, tag, buffer)
         if isinstance(header, UpdateHeader):
             assert header.tag is not None
@@ -360,25 +359,17 @@ class Hop(Protocol):
             assert header.count is not None
             self.inbox.put((TokensReceived(src=src, count=header.count), None))
 
-    def _stamp(self) -> float:
-        """When an update is sent, on the run's clock: what the network model charges from."""
-        return 0.0 if self.network is None else self.runtime.elapsed()
-
     def _charge_network(self, src: int, tag: int, buffer: torch.Tensor) -> None:
         """Hold a received message until its emulated arrival: an update shares its sender's
         egress with the copies to its other out-peers, and this worker's ingress with the
         updates of its other in-peers."""
-        assert self.network is not None
-        me = self.runtime.rank
         if tag == _UPDATE_TAG:
             frame = self._frames[_UPDATE_TAG]
-            nbytes = self.network.scaled(frame.payload_bytes)
-            self.runtime.clock_started.wait()
-            sent = self.runtime.t0 + UpdateHeader.decode(frame, buffer).sent_at
-            arrival = self.network.deliver(Message(src, me, nbytes), self._fan_out[src], sent)
-            self.network.hold_until(None, arrival, arrival - sent)
+            self.channel.arrive(src, self.channel.frame(frame).payload_bytes,
+                                self._fan_out[src], UpdateHeader.decode(frame, buffer).sent_at)
         else:
-            self.network.occupy(point_to_point(src, me, buffer.numel() * buffer.element_size()))
+            self.channel.occupy_control(point_to_point(src, self.runtime.rank,
+                                                       buffer.numel() * buffer.element_size()))
 
     def close(self) -> None:
         """Send the deferred update, end this worker's channels, then wait until every
@@ -386,15 +377,14 @@ class Hop(Protocol):
         if self.core.state is not State.ERROR:  # else the error that broke it is raised
             self._execute(self.core.handle(Stopping()), self._step)
         self._wait_sends()
-        end = self.link.pack(self._frames[_UPDATE_TAG], UpdateHeader(None, self._stamp()).encode(),
-                             self.tensors)
+        end = self.channel.pack(self._frames[_UPDATE_TAG],
+                                UpdateHeader(None, self.channel.stamp()).encode(), self.tensors)
         token_end = self._tokens(None)
         for peers, message, tag in ((self.core.out_peers, end, _UPDATE_TAG),
                                     (self.core.in_peers, token_end, _TOKEN_TAG)):
             for j in peers:
                 if j not in self._lost:
-                    unless_lost(self.runtime.lost, j, partial(self.link.send, message, j,
-                                                              tag=tag))
+                    self.channel.lost(j, partial(self.link.send, message, j, tag=tag))
         with self._channels:  # as long as they train: the launcher watches them
             self._channels.wait_for(lambda: self._ended() or self._failed is not None)
             failed = self._failed
