@@ -52,6 +52,7 @@ from typing import Protocol, TypeVar
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN, ComputeFinished, IterationStarted
 from hetsync.topology import Topology
 
 __all__ = [
@@ -60,8 +61,6 @@ __all__ = [
     "ReplyReceived", "RequestReceived", "SendBye", "SendRequest", "Serve", "Served",
     "ServerDone", "StepFinished", "StepGranted", "dispatch", "roles",
 ]
-
-_frozen = {"frozen": True, "slots": True, "kw_only": True}
 
 
 def roles(rank: int, neighbours: Sequence[int], naive: bool
@@ -75,28 +74,15 @@ def roles(rank: int, neighbours: Sequence[int], naive: bool
 
 
 # --- events in: the trainer's ------------------------------------------------------------------
-@dataclass(**_frozen)
-class IterationStarted:
-    """Iteration `iteration` begins (its gradient is computed on the current model)."""
-
-    iteration: int
-
-
-@dataclass(**_frozen)
-class ComputeFinished:
-    """The gradient of `iteration` is computed; the worker wants to step."""
-
-    iteration: int
-
-
-@dataclass(**_frozen)
+# (IterationStarted and ComputeFinished: hetsync.cores.events, shared with other cores)
+@dataclass(**FROZEN)
 class ReplyReceived:
     """The partner `src` answered this worker's request with the average."""
 
     src: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class StepFinished:
     """The optimizer step of `iteration` is done; `wants_stop`: this worker's stop conditions."""
 
@@ -104,19 +90,19 @@ class StepFinished:
     wants_stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Leave:
     """The worker leaves the run."""
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class ReplyLost:
     """The partner `src` was lost before its reply came: no average to load this time."""
 
     src: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class PeerLost:
     """Neighbour `rank` was lost (`--on-failure continue`): it is no longer chosen as a
     partner, and as a client it counts as gone (a request it queued is still served: the
@@ -126,7 +112,7 @@ class PeerLost:
 
 
 # --- events in: the server's -------------------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class RequestReceived:
     """Client `src` asks to average with this worker, from its iteration `iteration`."""
 
@@ -134,14 +120,14 @@ class RequestReceived:
     iteration: int = 0
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Served:
     """The average with `src` is loaded (its reply may now be sent); the lock is free again."""
 
     src: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class ByeReceived:
     """Client `src` left: it sends no more requests."""
 
@@ -149,7 +135,7 @@ class ByeReceived:
 
 
 # --- decisions out -----------------------------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class SendRequest:
     """Send the model to `partner` and wait for its reply (naive: holding the own lock)."""
 
@@ -157,21 +143,21 @@ class SendRequest:
     iteration: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class LoadAverage:
     """Load the average `partner`'s reply carries."""
 
     partner: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class StepGranted:
     """Run the optimizer step of `iteration` (a passive worker holds its lock for it)."""
 
     iteration: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Finish:
     """`iteration` is done; this worker stops after it if `stop`."""
 
@@ -179,21 +165,21 @@ class Finish:
     stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Serve:
     """Average with `client`'s model under the lock, load it, feed `Served`, then reply."""
 
     client: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class SendBye:
     """Tell `to` (every partner) this worker left."""
 
     to: tuple[int, ...]
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class ServerDone:
     """Every client said goodbye: nothing more will be served."""
 

@@ -23,6 +23,7 @@ from typing import Protocol, TypeVar
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN
 
 __all__ = [
     "AllReduceDecisionHandler", "AllReduceRound", "AllReduceState", "AllReduceWorker",
@@ -30,11 +31,9 @@ __all__ = [
     "dispatch",
 ]
 
-_frozen = {"frozen": True, "slots": True, "kw_only": True}
-
 
 # --- the worker's events and decisions ---------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class GradientsReady:
     """The gradients of `iteration` are computed; `wants_stop`: this worker's stop conditions."""
 
@@ -42,7 +41,7 @@ class GradientsReady:
     wants_stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Reduced:
     """The collective of `iteration` completed; `votes` workers voted to stop."""
 
@@ -50,7 +49,7 @@ class Reduced:
     votes: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Reduce:
     """Contribute the gradients divided by `divisor`, and `vote` (1 or 0), to the collective."""
 
@@ -59,7 +58,7 @@ class Reduce:
     vote: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Finish:
     """`iteration` is done; the run stops after it if `stop`."""
 
@@ -94,7 +93,7 @@ def dispatch(decision: Decision, handler: AllReduceDecisionHandler[R]) -> R:
 
 
 # --- the collective's events and decisions -----------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Contributed:
     """`rank` contributed to the collective of `iteration` with `vote` (a `Reduce`'s)."""
 
@@ -103,7 +102,7 @@ class Contributed:
     vote: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Completed:
     """Every worker contributed to `iteration`: the sum exists; `votes` voted to stop."""
 

@@ -30,14 +30,13 @@ import networkx as nx
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN, ComputeFinished, IterationStarted
 from hetsync.cores.stop_agreement import StopAgreement
 
 __all__ = [
     "Average", "ComputeFinished", "DPSGDCore", "DPSGDDecisionHandler", "DPSGDState", "Decision",
     "Exchange", "IterationStarted", "ModelReceived", "Neighbourhood", "dispatch", "flood_hops",
 ]
-
-_frozen = {"frozen": True, "slots": True, "kw_only": True}
 
 
 class _Topology(Protocol):
@@ -54,7 +53,7 @@ class _Topology(Protocol):
     def recv_weights(self, rank: int, iteration: int = 0) -> tuple[float, dict[int, float]]: ...
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Neighbourhood:
     """One rank's peers and mixing weights in one phase of the topology."""
 
@@ -76,22 +75,8 @@ class Neighbourhood:
 
 
 # --- events in ---------------------------------------------------------------------------------
-@dataclass(**_frozen)
-class IterationStarted:
-    """Iteration `iteration` begins: x_k is the current model."""
-
-    iteration: int
-
-
-@dataclass(**_frozen)
-class ComputeFinished:
-    """The gradient of `iteration` is computed; `wants_stop`: this worker's stop conditions."""
-
-    iteration: int
-    wants_stop: bool
-
-
-@dataclass(**_frozen)
+# (IterationStarted and ComputeFinished: hetsync.cores.events, shared with other cores)
+@dataclass(**FROZEN)
 class ModelReceived:
     """x_k of in-neighbour `src` for `iteration` k arrived, tagged with the sender's `stop_at`
     (math.inf: none known)."""
@@ -102,7 +87,7 @@ class ModelReceived:
 
 
 # --- decisions out -----------------------------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Exchange:
     """Send x_k tagged `stop_at` (math.inf: none) to `send_to`; x_k will come from
     `receive_from`."""
@@ -113,7 +98,7 @@ class Exchange:
     stop_at: float
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Average:
     """x <- self_weight * x_k + sum_j weights[j] * x_k(j), then the gradient; `iteration` is
     done, and is the run's last if `stop`."""

@@ -87,6 +87,7 @@ from typing import Protocol, TypeVar
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN, ComputeFinished
 from hetsync.topology import Topology
 
 __all__ = [
@@ -114,10 +115,9 @@ __all__ = [
 ]
 
 MODES = ("queues", "notify-ack")
-_frozen = {"frozen": True, "slots": True, "kw_only": True}
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class HopConfig:
     """Hop's options (see the module doc); the defaults are the paper's. A run's options left
     unset are resolved from its graph (`hetsync.protocols.hop.options.Options.for_graph`)."""
@@ -153,44 +153,38 @@ class HopConfig:
 
 
 # --- events in ---------------------------------------------------------------------------------
-@dataclass(**_frozen)
+# (ComputeFinished: hetsync.cores.events, shared with other cores)
+@dataclass(**FROZEN)
 class ReadyToStart:
     """The training loop wants to start its next iteration."""
 
 
-@dataclass(**_frozen)
-class ComputeFinished:
-    """The gradient of `iteration` is computed; the worker wants to average."""
-
-    iteration: int
-
-
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class UpdateReceived:
     src: int
     tag: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class TokensReceived:
     src: int
     count: int = 1
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Stopping:
     """The worker stops (after its last iteration, or where its loop ended): its deferred
     update goes now."""
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class NeighbourLeft:
     """`rank` stopped: it sends no more updates and takes no more tokens."""
 
     rank: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class NeighbourLost:
     """`rank` was lost (`--on-failure continue`): unlike a neighbour that left, it may not
     have sent the update its tokens promise, so nothing more is awaited from it."""
@@ -203,7 +197,7 @@ Event = (ReadyToStart | ComputeFinished | UpdateReceived | TokensReceived | Neig
 
 
 # --- decisions out -----------------------------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class SkipTo:
     """Jump from `skipped_from` to `iteration`, merging the newest models: x <- the weighted
     average of x and the updates `inputs` ({src: tag})."""
@@ -220,12 +214,12 @@ class SkipTo:
         return self.iteration - self.skipped_from
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class StartIteration:
     iteration: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class SendUpdate:
     """Send the current model tagged `tag` to ranks `to`; where `tag` was sent already, send
     the same message (a deferred update: module doc)."""
@@ -234,7 +228,7 @@ class SendUpdate:
     to: tuple[int, ...]
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Aggregate:
     """x <- self_weight * x + sum_j weights[j] * update(j, inputs[j]); ends `iteration`."""
 
@@ -249,13 +243,13 @@ class Aggregate:
         return max((self.iteration - tag for tag in self.inputs.values()), default=0)
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class ReturnTokens:
     to: tuple[int, ...]
     count: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Drop:
     """The buffered updates (src, tag) for `tags` will never be used: free them."""
 
@@ -263,7 +257,7 @@ class Drop:
     tags: tuple[int, ...]
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Wait:
     """The pending request is blocked on these: updates {src: lowest useful tag}, tokens."""
 

@@ -43,17 +43,16 @@ import torch
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN
 
 __all__ = [
     "Average", "Averaged", "Decision", "Finish", "LocalSGDDecisionHandler", "LocalSGDState",
     "LocalSGDWorker", "LoopEnded", "StepDone", "dispatch", "outer_nesterov",
 ]
 
-_frozen = {"frozen": True, "slots": True, "kw_only": True}
-
 
 # --- events in ---------------------------------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class StepDone:
     """The optimizer step of `iteration` is taken; `wants_stop`: this worker's stop conditions."""
 
@@ -61,7 +60,7 @@ class StepDone:
     wants_stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Averaged:
     """The all-reduce of `round` completed; `votes` workers voted to stop."""
 
@@ -71,7 +70,7 @@ class Averaged:
     """How many workers took steps since the previous round."""
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class LoopEnded:
     """The script's loop ended after `iteration` (the last completed) before the run stopped."""
 
@@ -79,7 +78,7 @@ class LoopEnded:
 
 
 # --- decisions out -----------------------------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Average:
     """Contribute the model, `vote` (1 or 0) and `moved` (1: steps were taken since the last
     round) to the all-reduce of `round`, which ends iteration `iteration`."""
@@ -90,7 +89,7 @@ class Average:
     moved: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Finish:
     """`iteration` is done; the run stops after it if `stop`. After a round: with
     `outer_step`, DiLoCo takes its outer step from the mean (else the mean is the model)."""

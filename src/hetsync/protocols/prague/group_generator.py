@@ -67,6 +67,7 @@ from enum import Enum
 
 from hetsync.cores.core import Core
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN
 from hetsync.protocols.prague.static_schedule import split_evenly
 
 __all__ = [
@@ -78,7 +79,7 @@ POLICIES = ("random", "ready")
 BUFFERS = ("off", "queue", "batch")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class Group:
     """Workers that average together; `id` is the group's place in the global order."""
 
@@ -96,7 +97,7 @@ class Group:
         return rank in self.members
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class GroupRequested:
     """`rank` finished local step `iteration` and asks for a group; `last`: its final one."""
 
@@ -105,7 +106,7 @@ class GroupRequested:
     last: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class GroupFinished:
     """`rank` completed its P-Reduce of group `group_id`."""
 
@@ -113,7 +114,7 @@ class GroupFinished:
     rank: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class WorkerLost:
     """`rank` was lost from the run (`--on-failure continue`): it is in no later group, and
     the groups it had not finished count as finished by it (their other members leave it
@@ -122,12 +123,12 @@ class WorkerLost:
     rank: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class WaitTimedOut:
     """The driver's wait timer fired (ready policy): group whoever waits now."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class AssignGroup:
     """Tell `rank` it is a member of `group`; `answers_request`: this answers its request."""
 

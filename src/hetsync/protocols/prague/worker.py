@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN
 from hetsync.protocols.prague.group_generator import Group
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class StepFinished:
     """Local step `iteration` is done; `last`: the worker stops after averaging it."""
 
@@ -83,7 +84,7 @@ class StepFinished:
     last: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class GroupAssigned:
     """The GG put this worker in `group`; `answers_request`: it answers this worker's request
     (possibly naming a group already assigned, which then needs no second P-Reduce)."""
@@ -92,14 +93,14 @@ class GroupAssigned:
     answers_request: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class PReduceFinished:
     """The driver completed the P-Reduce of group `group_id`."""
 
     group_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class RequestGroup:
     """Send `GroupRequested(rank, iteration, last)` to the GG, after `GroupFinished` of group
     `finished` in the same message when one was held back (`report_with_request`)."""
@@ -110,34 +111,34 @@ class RequestGroup:
     finished: int | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class ReportFinished:
     """Send `GroupFinished(group_id, rank)` to the GG."""
 
     group_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class RunPReduce:
     """Average the model with `group`'s members (a group of one is a no-op)."""
 
     group: Group
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class MergeModels:
     """Overlap only: x <- c + (x - s), then c = s = x (see the module doc). No P-Reduce runs
     until the next decision; the training loop is waiting."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class StartStep:
     """Run local step `iteration`."""
 
     iteration: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class StopTraining:
     """Every group of this worker is done; it may leave the run."""
 

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from hetsync.cores.core import Core, unhandled
 from hetsync.cores.errors import LocalProtocolError, RemoteProtocolError
+from hetsync.cores.events import FROZEN
 from hetsync.protocols.ps.rounds import Reply, SyncRounds
 
 if TYPE_CHECKING:
@@ -51,11 +52,10 @@ __all__ = [
 ]
 
 MODES = ("sync", "async")
-_frozen = {"frozen": True, "slots": True, "kw_only": True}
 
 
 # --- the server's events and decisions ---------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Push:
     """`rank` pushed a gradient computed on model `version`, with its stop `vote`."""
 
@@ -64,28 +64,28 @@ class Push:
     vote: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Bye:
     """`rank` left the run (after its last reply)."""
 
     rank: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class WorkerLost:
     """`rank` was lost from the run (`--on-failure continue`), maybe with its push unanswered."""
 
     rank: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Accumulate:
     """Add `rank`'s push (gradient and buffer change) to the sums of the next `Apply`."""
 
     rank: int
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Apply:
     """Step the server's model to `version`: gradient = sums / `divisor`, at the learning rate x
     `lr_scale`; buffers += buffer change sums / `buffer_divisor`; then zero the sums."""
@@ -96,7 +96,7 @@ class Apply:
     lr_scale: float
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Answer:
     """Send `ranks` the model at `version` (now the server's), with `staleness` and `stop`."""
 
@@ -135,7 +135,7 @@ def dispatch_server(decision: ServerDecision, handler: ServerDecisionHandler[R])
 
 
 # --- the worker's events and decisions ---------------------------------------------------------
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class GradientReady:
     """The gradient of `iteration` is computed; `wants_stop`: this worker's stop conditions."""
 
@@ -143,7 +143,7 @@ class GradientReady:
     wants_stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class ReplyReceived:
     """The server's reply: its model at `version`, `staleness`, `stop`."""
 
@@ -152,12 +152,12 @@ class ReplyReceived:
     stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class Leave:
     """The worker leaves the run."""
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class SendPush:
     """Push the gradient (and buffer change) computed on `version`, with `vote`."""
 
@@ -166,7 +166,7 @@ class SendPush:
     vote: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class LoadModel:
     """Load the reply's model; `iteration` is done. `dropped`: its gradient was dropped (None
     without backups); the run stops after it for this worker if `stop`."""
@@ -178,7 +178,7 @@ class LoadModel:
     stop: bool
 
 
-@dataclass(**_frozen)
+@dataclass(**FROZEN)
 class SendBye:
     """Tell the server this worker left."""
 

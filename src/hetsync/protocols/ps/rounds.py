@@ -22,11 +22,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetsync.cores.errors import RemoteProtocolError
+from hetsync.cores.events import FROZEN
 
 __all__ = ["Decision", "Reply", "SyncRounds"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class Reply:
     """Answer `ranks` with the model at `version`, after applying the mean of the round's
     `applied` gradients (0: apply nothing, a dropped push's reply)."""
@@ -39,7 +40,7 @@ class Reply:
     stop: bool
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(**FROZEN)
 class Decision:
     """What to do with a push: add it to the round's sums if `accept`, then send `reply`."""
 
