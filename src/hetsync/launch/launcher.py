@@ -388,15 +388,11 @@ def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,
 def evaluates_while_running(config: RunConfig, set_bytes: int, free_bytes: int) -> bool:
     """Whether the launcher evaluates snapshots during the run, or leaves them all to after.
 
-    A pinned run that does not stop at the target has nothing in it that depends on its
-    evaluation, and the evaluation takes a core beside the workers it measures: on the
-    16-core lease, the launcher's first set of 8 ResNet models kept it busy for at least the
-    first half of each 10-s run (it evaluates at half a core on average), on cores that may
-    be hyperthread siblings of the workers' (or the host's, under a VM). Such a run
-    evaluates after its workers, the time to target found by bisection as before, if the
-    snapshots it will have written by then (`set_bytes` a set, one set each `eval_every`)
-    fit in a quarter of the disk's `free_bytes`: an evaluation during the run drops the sets
-    behind it."""
+    The evaluation takes a core beside the workers it measures, and nothing in a pinned run
+    that does not stop at the target depends on it: such a run evaluates after its workers
+    (the time to target found by bisection all the same), if the snapshots written by then
+    (`set_bytes` a set, one set each `eval_every`) fit in a quarter of the disk's
+    `free_bytes`: an evaluation during the run drops the sets behind it."""
     if config.stop_at_target or not config.pin or config.max_time is None:
         return True
     sets = config.max_time / config.eval_every + 2  # the first and the final

@@ -1,12 +1,10 @@
 """Messages whose header travels as 64-bit words, never in the model's dtype.
 
-Why: a header value carried as one more element of the model's buffer rounds once it is
-past the dtype's exact integers (bf16: 256, fp16: 2048, float32: 2^24), so a bf16 model broke
-Hop's tags at iteration 257 and rounded the parameter server's version. Here a message is one
-byte buffer: `words` int64 words (integers as they are, floats as float64 bits, `float_word`),
-then the payload's bytes. One send per message, as before (gloo sends bytes), and one copy to
-pack it, as `flatten` always made; the header comes first, so the payload view starts on an
-8-byte boundary that every dtype can view.
+A header value carried as one more element of the model's buffer would round past the
+dtype's exact integers (bf16: 256, fp16: 2048, float32: 2^24). Here a message is one byte
+buffer, one send and one copy to pack: `words` int64 words (integers as they are, floats as
+float64 bits, `float_word`), then the payload's bytes; the header comes first, so the payload
+view starts on an 8-byte boundary that every dtype can view.
 """
 
 from __future__ import annotations
@@ -89,9 +87,8 @@ def _words(count: int) -> struct.Struct:
 
 
 def _in_host_memory(message: torch.Tensor, nbytes: int) -> bool:
-    """Whether `message`'s first `nbytes` are plain host bytes, to read and write as they lie
-    (~1 us, where a torch copy or `tolist` costs 4-10 us hot and several times that on a
-    training thread back from its compute, twice or more a message: a Hop worker writes two
-    headers an iteration and reads four). Else (a GPU buffer) through torch."""
+    """Whether `message`'s first `nbytes` are plain host bytes, to read and write as they lie:
+    several times cheaper than a torch copy or `tolist`, and headers are read and written
+    several times an iteration. Else (a GPU buffer) through torch."""
     return (message.device.type == "cpu" and message.dtype == torch.uint8
             and message.is_contiguous() and message.numel() >= nbytes)
