@@ -2,10 +2,8 @@
 
 A worker that waits for a message leaves its core idle, and the next step computes slower:
 the idle core halts (in a VM the host takes the physical core back; on bare metal it enters
-a sleep state that may flush its caches). Measured on this project's KVM guest
-(`experiments/compute_inflation.py`, ResNet-18 of width 8, one core per worker): 5 ms of
-sleep between steps made the next forward and backward pass take 1.3-1.4x the CPU time,
-5 ms of busy waiting 1.05x, and an all-reduce between steps 1.35x.
+a sleep state that may flush its caches); docs/design.md ("Real stragglers and pinned
+workers") has what it costs.
 
 The remedy is the one HPC runtimes use (busy polling), without touching the protocols: on
 each pinned worker's core a busy loop runs under SCHED_IDLE, the kernel's lowest class, so it

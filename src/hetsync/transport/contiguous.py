@@ -2,12 +2,10 @@
 that packing, averaging and unpacking it are one operation each, not one per tensor.
 
 Why: every protocol moves and averages the whole model, and a model is many tensors (a
-ResNet-18 has 102). Done tensor by tensor (torch's multi-tensor ops), a 0.7 MB model's
-average of two neighbours took 1.3-1.4 ms of the training thread, most of it per-tensor
-dispatch; over the same values as one 1-D tensor it takes 0.2 ms, finding the span included
-(`python experiments/link_ops_timing.py`; packing 0.67 to 0.15 ms, unpacking 0.5 to 0.13).
-Gradient buckets in torch's DDP (`gradient_as_bucket_view`) and flat parameters in FSDP do
-the same for the same reason.
+ResNet-18 has 102): tensor by tensor, the training thread's time goes mostly to per-tensor
+dispatch (docs/design.md, "The model in one buffer", has the measurements). Gradient buckets
+in torch's DDP (`gradient_as_bucket_view`) and flat parameters in FSDP do the same for the
+same reason.
 
 `lay_out` moves the tensors' values into one new buffer and points each tensor at its slice
 (`tensor.data = view`): the `Parameter` objects, and so the optimizer's references and
@@ -56,9 +54,9 @@ def span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
     not (they are then separate tensors, or not all of one dtype and storage). Empty tensors
     hold no memory: anywhere will do for them.
 
-    Seen once, the tensors are only checked again for their addresses and sizes (~0.02 ms for
-    a ResNet's 102, where looking at each takes ~0.08-0.15 ms), as every call must: a tensor
-    moved since (`.data` assigned, `model.to`) has another address. A span found is reused
+    Seen once, the tensors are only checked again for their addresses and sizes (several
+    times cheaper than looking at each again), as every call must: a tensor moved since
+    (`.data` assigned, `model.to`) has another address. A span found is reused
     only while its first tensor lives and every tensor is where it was; a miss kept can only
     send a call down the per-tensor path, which is always right."""
     if not tensors:
