@@ -54,11 +54,11 @@ def _methods(handler: type) -> set[str]:
             if inspect.isfunction(value) and not name.startswith("_")}
 
 
-def _carrying(modules: list[ModuleType], part: str, dispatch: Callable[[Any, Any], Any],
-              methods: set[str]) -> tuple[type, ...]:
-    """The classes that carry out any of `methods` in the modules named with `part` that
-    import `dispatch` (DDP's driver carries out All-Reduce's decisions)."""
-    return tuple(cls for module in modules if part in module.__name__
+def _carrying(modules: list[ModuleType], parts: tuple[str, ...],
+              dispatch: Callable[[Any, Any], Any], methods: set[str]) -> tuple[type, ...]:
+    """The classes that carry out any of `methods` in the modules named with one of `parts`
+    that import `dispatch` (DDP's driver carries out All-Reduce's decisions)."""
+    return tuple(cls for module in modules if any(part in module.__name__ for part in parts)
                  and any(value is dispatch for value in vars(module).values())
                  for cls in _own(module, inspect.isclass)
                  if any(hasattr(cls, name) for name in methods))
@@ -79,8 +79,9 @@ def _interfaces() -> list[Interface]:
                           and typing.get_args(cls.__orig_bases__[0])[1] == union)
             methods = _methods(handler)
             found.append(Interface(handler, dispatch, typing.get_args(union),
-                                   _carrying(everywhere, ".driver", dispatch, methods),
-                                   _carrying(everywhere, ".simulation", dispatch, methods),
+                                   _carrying(everywhere, (".driver", ".server"), dispatch,
+                                             methods),  # (a server: the ps server's thread)
+                                   _carrying(everywhere, (".simulation",), dispatch, methods),
                                    cores))
     return found
 
