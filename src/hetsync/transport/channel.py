@@ -87,8 +87,8 @@ class Channel:
         return self.network.stamp(self.runtime)
 
     def lost(self, peer: int, transfer: Callable[[], object]) -> bool:
-        """Run `transfer` with `peer`; False (and nothing raised) where it failed because the
-        launcher declared `peer` lost."""
+        """Run `transfer` with `peer`; True (and nothing raised) where it failed because the
+        launcher declared `peer` lost, False where it went through."""
         return not unless_lost(self.runtime.lost, peer, transfer)
 
     # --- messages in the wire format ----------------------------------------------------------
