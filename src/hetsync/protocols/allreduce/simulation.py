@@ -2,14 +2,11 @@
 the collective.
 
 Each worker computes, then contributes to the iteration's collective and blocks; the round's
-core says when every worker has contributed, and the collective then costs the messages of a
-ring all-reduce of the payload (`patterns.ring_allreduce`) on the network model, after which
-every worker gets the vote count and its core says whether to stop. Every NIC is idle when a
-collective starts (nothing else is sent in an all-reduce run), so its duration is the model's
-for idle NICs, computed once: 2(n-1)n messages per collective would cost seconds at 1024
-workers. DDP overlaps its bucketed all-reduces with the backward pass; on an emulated step
-time the backward pass is the padding at its end, so it is simulated as one collective after
-the compute, as All-Reduce.
+core says when every worker has contributed, and the collective is then a ring all-reduce of
+the payload (`Collectives.all_reduce`), after which every worker gets the vote count and its
+core says whether to stop. DDP overlaps its bucketed all-reduces with the backward pass; on an
+emulated step time the backward pass is the padding at its end, so it is simulated as one
+collective after the compute, as All-Reduce.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from hetsync.protocols.allreduce.core import (
     Reduced,
     dispatch,
 )
-from hetsync.simulator.collective import RingAllReduce
+from hetsync.simulator.channel import Collectives
 from hetsync.simulator.world import Simulation, SimWorker
 
 __all__ = ["build_workers"]
@@ -38,7 +35,7 @@ class Collective:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.round = AllReduceRound(sim.world)
-        self.ring = RingAllReduce(sim)
+        self.collectives = Collectives(sim)
         self.workers: list[AllReduceSimWorker] = []
 
     def contribute(self, rank: int, reduce: Reduce) -> None:
@@ -47,7 +44,7 @@ class Collective:
             if self.sim.math is not None:
                 self.sim.math.average_gradients(range(self.sim.world))
             reduced = Reduced(iteration=completed.iteration, votes=completed.votes)
-            self.ring.end(self.workers, AllReduceSimWorker.reduced, reduced)
+            self.collectives.all_reduce(self.workers, AllReduceSimWorker.reduced, reduced)
 
 
 class AllReduceSimWorker(SimWorker):

@@ -3,12 +3,12 @@
 
 Each worker computes, steps, and asks its core: a local step ends the iteration at once; a
 round's step contributes to the round's collective and blocks until every worker has, after
-which the collective costs a ring all-reduce of the payload (`patterns.ring_allreduce`, on
-idle NICs, computed once) and every worker gets the sums of the votes and of `moved`, as
-the all-reduce's last two words carry them. With `--math` the round's first `Finish` sets
-every worker's model to the mean, or with DiLoCo to `outer_nesterov` of each worker's anchor
-(all equal in a real run; the fuzz starts every worker from its own model, and each then keeps
-its own anchor and outer momentum, as a real worker would).
+which the collective is a ring all-reduce of the payload (`Collectives.all_reduce`) and every
+worker gets the sums of the votes and of `moved`, as the all-reduce's last two words carry
+them. With `--math` the round's first `Finish` sets every worker's model to the mean, or with
+DiLoCo to `outer_nesterov` of each worker's anchor (all equal in a real run; the fuzz starts
+every worker from its own model, and each then keeps its own anchor and outer momentum, as a
+real worker would).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from hetsync.protocols.localsgd.core import (
     dispatch,
     outer_nesterov,
 )
-from hetsync.simulator.collective import RingAllReduce
+from hetsync.simulator.channel import Collectives
 from hetsync.simulator.world import Simulation, SimWorker
 
 __all__ = ["build_workers"]
@@ -39,7 +39,7 @@ class Rounds:
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
         self.collective = AllReduceRound(sim.world)
-        self.ring = RingAllReduce(sim)
+        self.collectives = Collectives(sim)
         self.workers: list[LocalSGDSimWorker] = []
         self._moved = 0  # the open round's sum of `moved`, as the all-reduce sums it
         self._averaged = 0  # the last round whose models were averaged (`--math`)
@@ -61,7 +61,7 @@ class Rounds:
             averaged = Averaged(round=completed.iteration, votes=completed.votes,
                                 moved=self._moved)
             self._moved = 0
-            self.ring.end(self.workers, LocalSGDSimWorker.averaged, averaged)
+            self.collectives.all_reduce(self.workers, LocalSGDSimWorker.averaged, averaged)
 
     def average(self, round_: int, outer_step: bool) -> None:
         """With `--math`, at the first `Finish` of round `round_` (every worker's is the same,
