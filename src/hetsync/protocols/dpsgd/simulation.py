@@ -1,6 +1,6 @@
 """D-PSGD on the virtual clock: `DPSGDCore` per worker.
 
-Each iteration a worker sends x_k to its out-neighbours when it starts (the messages of a
+Each iteration a worker sends x_k to its out-neighbours when it starts (`SimChannel.post`: a
 fan-out on the network model, overlapping the compute, as the real driver posts them), then
 computes; its core says when every in-neighbour's x_k is in and the worker averages, steps and
 starts the next iteration, or stops on the agreed iteration.
@@ -8,7 +8,6 @@ starts the next iteration, or stops on the agreed iteration.
 
 from __future__ import annotations
 
-from hetsync.network.patterns import fan_out
 from hetsync.protocols.dpsgd.core import (
     Average,
     ComputeFinished,
@@ -19,6 +18,7 @@ from hetsync.protocols.dpsgd.core import (
     ModelReceived,
     dispatch,
 )
+from hetsync.simulator.channel import SimChannel
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
 
@@ -30,6 +30,7 @@ class DPSGDSimWorker(SimWorker):
         super().__init__(sim, rank)
         self.core = core
         self.peers: list[DPSGDSimWorker] = []
+        self.channel = SimChannel(sim, rank, lambda j: self.peers[j].receive)
 
     def start(self) -> None:
         self._begin(1)
@@ -63,12 +64,8 @@ class DPSGDSimWorker(SimWorker):
         k, to = decision.iteration, decision.send_to
         if sim.math is not None:
             sim.math.publish(self.rank, k, len(to))
-        messages = fan_out(self.rank, to, sim.costs.payload_bytes)
-        arrivals = sim.costs.network.send(messages, at=sim.clock.now)
-        event = ModelReceived(src=self.rank, iteration=k, stop_at=decision.stop_at)
-        for dst, arrival in zip(to, arrivals, strict=True):
-            sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
-        self.charge(nbytes=sim.costs.payload_bytes * len(to))
+        self.channel.post(self, to, ModelReceived(src=self.rank, iteration=k,
+                                                  stop_at=decision.stop_at))
 
     def on_average(self, decision: Average) -> None:
         self.unblock()
