@@ -60,6 +60,8 @@ class Channel:
         """Seconds spent encoding and decoding (the row's `codec_s`: compression's own cost)."""
         self.rank = runtime.rank
         self._residuals: dict[str, tuple[Residual, Residual]] = {}
+        self._held_lock = threading.Lock()
+        self._held_until = 0.0  # the latest modelled arrival `arrive` holds a message until
 
     # --- what every operation does ------------------------------------------------------------
     def _fault(self) -> None:
@@ -75,6 +77,21 @@ class Channel:
         """Time inside counts as `step`'s wait for synchronisation (a wait for this channel's
         messages that a protocol makes itself: an inbox, a condition)."""
         with step.blocking() if step is not None else nullcontext():
+            yield
+
+    @contextmanager
+    def waiting_on_arrivals(self, step: Step | None) -> Iterator[None]:
+        """`waiting`, for a wait that a message this worker's receiving thread holds until its
+        modelled arrival (`arrive`) may prolong: the rest of that hold is announced as the
+        training thread's own emulated waits are (`Step.on_wait`), since the receiving
+        thread's announcement gives way to this wait's (a slow link is not a deadlock)."""
+        with self.waiting(step):
+            if step is not None and step.on_wait is not None:
+                with self._held_lock:
+                    held_until = self._held_until
+                rest = held_until - self.network.origin(self.runtime) - self.stamp()
+                if rest > 0:
+                    step.on_wait(rest)
             yield
 
     def declared(self, nbytes: float) -> float:
@@ -322,6 +339,8 @@ class Channel:
         at = self.network.origin(self.runtime) + sent
         arrival = self.network.deliver(Message(src, self.rank, self.declared(nbytes)),
                                        copies, at)
+        with self._held_lock:
+            self._held_until = max(self._held_until, arrival)
         self.network.hold_until(None, arrival, arrival - at)
 
 

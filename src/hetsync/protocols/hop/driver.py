@@ -173,7 +173,7 @@ class Hop(Protocol):
         """Feed `event`, then incoming messages for as long as the core says `Wait`."""
         decisions = self.core.handle(event)
         while (wait := self._execute(decisions, step)) is not None:
-            with self.channel.waiting(step):
+            with self.channel.waiting_on_arrivals(step):
                 began = time.perf_counter()
                 try:
                     item = self.inbox.get(timeout=self.timeout)
@@ -218,7 +218,7 @@ class Hop(Protocol):
         frame = self._frames[_UPDATE_TAG]
         emulated = self.channel.network.emulated
         if emulated:  # the emulated network charges each send from its start
-            with self.channel.waiting(self._step):
+            with self.channel.waiting_on_arrivals(self._step):
                 self._wait_sends(self._step)
         header = UpdateHeader(decision.tag, self.channel.stamp()).encode()
         if again:
@@ -268,7 +268,7 @@ class Hop(Protocol):
             return None
         oldest = self._packs - _UPDATE_BUFFERS  # the update that buffer holds
         if any(packs <= oldest + 1 for _, _, packs in self._sends):
-            with self.channel.waiting(self._step):
+            with self.channel.waiting_on_arrivals(self._step):
                 self._wait_sends(self._step, up_to=oldest + 1)
         return self._update_buffers[oldest % _UPDATE_BUFFERS]
 
