@@ -3,7 +3,7 @@
 Mirrors the real driver (hetsync.protocols.hop.driver): an iteration starts when the core says so
 (tokens), sends its model, computes, then aggregates when the core has what it needs. Updates
 are booked on the receiver's ingress with the sender's egress shared among its copies
-(`NetworkModel.deliver`, as Hop's receiver threads book them in emulated runs); tokens are
+(`SimChannel.isend`, as Hop's receiver threads book them in emulated runs); tokens are
 control messages. A neighbour declared lost becomes `NeighbourLost`, as the driver's
 `_on_lost` makes it; what it sent before it was lost still arrives and is fed to the core.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from hetsync.network.model import Message
 from hetsync.protocols.hop.core import (
     Aggregate,
     ComputeFinished,
@@ -31,6 +30,7 @@ from hetsync.protocols.hop.core import (
     Wait,
     dispatch,
 )
+from hetsync.simulator.channel import SimChannel
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
 
@@ -42,6 +42,7 @@ class HopWorker(SimWorker):
         super().__init__(sim, rank)
         self.core = core
         self.peers: list[HopWorker] = []
+        self.channel = SimChannel(sim, rank, lambda j: self.peers[j].receive)
         self.neighbours = sorted(set(core.in_peers) | set(core.out_peers))
         self._extra: dict[str, Any] = {}
         self._stopping = False
@@ -79,16 +80,9 @@ class HopWorker(SimWorker):
 
     # --- the core's decisions (`HopDecisionHandler`): True where an iteration completes ------
     def on_send_update(self, decision: SendUpdate) -> bool:
-        sim, math = self.sim, self.sim.math
-        nbytes, copies, now = sim.costs.payload_bytes, len(decision.to), sim.clock.now
-        network = sim.costs.network
-        event = UpdateReceived(src=self.rank, tag=decision.tag)
-        for dst in decision.to:
-            arrival = network.deliver(Message(self.rank, dst, nbytes), now, copies)
-            sim.deliver(self.rank, dst, arrival, self.peers[dst].receive, event)
-        self.charge(nbytes=nbytes * copies)
-        if math is not None:
-            math.publish(self.rank, decision.tag, copies)
+        self.channel.isend(self, decision.to, UpdateReceived(src=self.rank, tag=decision.tag))
+        if self.sim.math is not None:
+            self.sim.math.publish(self.rank, decision.tag, len(decision.to))
         return False
 
     def on_start_iteration(self, decision: StartIteration) -> bool:
@@ -100,7 +94,7 @@ class HopWorker(SimWorker):
     def on_return_tokens(self, decision: ReturnTokens) -> bool:
         event = TokensReceived(src=self.rank, count=decision.count)
         for dst in decision.to:
-            self.sim.control(self.rank, dst, self.peers[dst].receive, event)
+            self.channel.control(dst, event)
         return False
 
     def on_aggregate(self, decision: Aggregate) -> bool:
@@ -133,7 +127,7 @@ class HopWorker(SimWorker):
             dispatch(decision, self)
         event = NeighbourLeft(rank=self.rank)
         for peer in self.neighbours:
-            self.sim.control(self.rank, peer, self.peers[peer].receive, event)
+            self.channel.control(peer, event)
         self.finish()
 
 
