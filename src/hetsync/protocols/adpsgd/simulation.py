@@ -41,6 +41,7 @@ from hetsync.protocols.adpsgd.core import (
     StepGranted,
     dispatch,
 )
+from hetsync.simulator.channel import SimChannel
 from hetsync.simulator.world import Simulation, SimWorker
 from hetsync.topology import build
 
@@ -52,6 +53,7 @@ class ADPSGDSimWorker(SimWorker):
         super().__init__(sim, rank)
         self.core = core
         self.peers: list[ADPSGDSimWorker] = []
+        self.channel = SimChannel(sim, rank, lambda j: self.peers[j].receive)
         self._reply: dict[int, Any] = {}  # the average a partner's reply carries (--math)
         self._partner: int | None = None
         self._left = False
@@ -92,25 +94,19 @@ class ADPSGDSimWorker(SimWorker):
 
     # --- the core's decisions (`ADPSGDDecisionHandler`) -----------------------------------
     def on_send_request(self, decision: SendRequest) -> None:
-        sim = self.sim
         partner = self._partner = decision.partner
-        if sim.math is not None:
-            sim.math.send_model(self.rank)
-        arrival = sim.payload_arrival(self.rank, partner)
-        sim.deliver(self.rank, partner, arrival, self.peers[partner].receive,
-                    RequestReceived(src=self.rank, iteration=decision.iteration))
-        self.charge(nbytes=sim.costs.payload_bytes)
+        if self.sim.math is not None:
+            self.sim.math.send_model(self.rank)
+        self.channel.send(self, partner, RequestReceived(src=self.rank,
+                                                         iteration=decision.iteration))
 
     def on_serve(self, decision: Serve) -> None:
         sim, client = self.sim, decision.client
         if sim.math is not None:
             self.peers[client]._reply[self.rank] = sim.math.serve(self.rank, client)
-        arrival = sim.payload_arrival(self.rank, client)
-        sent = arrival - sim.costs.network.nics[self.rank].latency
         self.peers[client]._answered.add(self.rank)
-        sim.deliver(self.rank, client, arrival, self.peers[client].receive,
-                    ReplyReceived(src=self.rank))
-        sim.at(self.rank, sent, self.receive, Served(src=client))
+        arrival = self.channel.send(None, client, ReplyReceived(src=self.rank))
+        self.channel.occupy(arrival, self.receive, Served(src=client))
 
     def on_load_average(self, decision: LoadAverage) -> None:
         self._answered.discard(decision.partner)
@@ -136,8 +132,7 @@ class ADPSGDSimWorker(SimWorker):
 
     def on_send_bye(self, decision: SendBye) -> None:
         for partner in decision.to:
-            self.sim.control(self.rank, partner, self.peers[partner].receive,
-                             ByeReceived(src=self.rank))
+            self.channel.control(partner, ByeReceived(src=self.rank))
 
     def on_server_done(self, decision: ServerDone) -> None:
         self._server_done = True
