@@ -35,6 +35,7 @@ from hetsync.protocols.ps.core import (
     dispatch_server,
     dispatch_worker,
 )
+from hetsync.simulator.channel import SimChannel
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
 
@@ -50,6 +51,7 @@ class ServerThread:
         self.server = Server(sim.service_s["parameter-server"])
         sim.services["parameter_server"] = self.server
         self.workers: list[PSSimWorker] = []
+        self.channel = SimChannel(sim, 0, lambda j: self.workers[j].reply)
 
     def receive(self, event: Any) -> None:
         self.sim.clock.at(self.server.admit(self.sim.clock.now), self._serve, event)
@@ -75,18 +77,17 @@ class ServerThread:
             self.sim.math.apply(decision.divisor, decision.lr_scale)
 
     def on_answer(self, decision: Answer) -> None:
-        sim, math = self.sim, self.sim.math
+        math = self.sim.math
         reply = ReplyReceived(version=decision.version, staleness=decision.staleness,
                               stop=decision.stop)
-        last = sim.clock.now
+        if math is not None:
+            for rank in decision.ranks:
+                math.load_server(rank)  # the worker waits: nothing changes it meanwhile
         # Remote ranks first; rank 0 takes its reply once they have theirs, as the driver's
         # server hands it over after sending them (`_Server._send`).
-        for rank in sorted(decision.ranks, key=lambda rank: rank == 0):
-            if math is not None:
-                math.load_server(rank)  # the worker waits: nothing changes it meanwhile
-            arrival = last if rank == 0 else sim.payload_arrival(0, rank)
-            last = max(last, arrival)
-            sim.deliver(0, rank, arrival, self.workers[rank].reply, reply)
+        arrivals = self.channel.post(None, [rank for rank in decision.ranks if rank != 0], reply)
+        if 0 in decision.ranks:
+            self.channel.hand_over(max([self.sim.clock.now, *arrivals]), reply)
 
 
 class PSSimWorker(SimWorker):
@@ -94,6 +95,7 @@ class PSSimWorker(SimWorker):
         super().__init__(sim, rank)
         self.core = PSWorkerCore.of_run(sim.config, rank)
         self.server = server
+        self.channel = SimChannel(sim, rank, lambda j: server.receive)
 
     def start(self) -> None:
         self.compute(1, self._computed, 1)
@@ -115,10 +117,8 @@ class PSSimWorker(SimWorker):
 
     # --- the core's decisions (`WorkerDecisionHandler`) -----------------------------------
     def on_send_push(self, decision: SendPush) -> None:
-        sim = self.sim
-        push = Push(rank=self.rank, version=decision.version, vote=decision.vote)
-        sim.deliver(self.rank, 0, sim.payload_arrival(self.rank, 0), self.server.receive, push)
-        self.charge(nbytes=sim.costs.payload_bytes)
+        self.channel.send(self, 0, Push(rank=self.rank, version=decision.version,
+                                        vote=decision.vote))
         self.block("the parameter server's reply")
 
     def on_load_model(self, decision: LoadModel) -> None:
@@ -133,7 +133,7 @@ class PSSimWorker(SimWorker):
             self.compute(decision.iteration + 1, self._computed, decision.iteration + 1)
 
     def on_send_bye(self, decision: SendBye) -> None:
-        self.sim.control(self.rank, 0, self.server.receive, Bye(rank=self.rank))
+        self.channel.control(0, Bye(rank=self.rank))
 
 
 def build_workers(sim: Simulation) -> list[SimWorker]:
