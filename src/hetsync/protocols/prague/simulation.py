@@ -26,7 +26,9 @@ agree on whom they averaged over.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from hetsync.protocols.prague.group_generator import (
@@ -53,6 +55,7 @@ from hetsync.protocols.prague.worker import (
     StopTraining,
     dispatch,
 )
+from hetsync.simulator.channel import Collectives, SimChannel
 from hetsync.simulator.costs import Server
 from hetsync.simulator.world import Simulation, SimWorker
 
@@ -69,6 +72,7 @@ class Rendezvous:
         kind = sim.config.preduce if sim.config.on_failure == "stop" else "mesh"  # as the driver
         self.preducer = make_preducer(kind if kind != "subgroup" else "mesh", 0, sim.world,
                                       network=sim.costs.network)
+        self.collectives = Collectives(sim)
         self._arrived: dict[object, tuple[tuple[int, ...], list[PragueWorker]]] = {}
 
     def join(self, key: object, members: tuple[int, ...], worker: PragueWorker) -> None:
@@ -92,20 +96,14 @@ class Rendezvous:
     def _run(self, key: object) -> None:
         arrived = self._arrived.pop(key)[1]
         members = tuple(sorted(w.rank for w in arrived))  # whose buffers it averages
-        sim = self.sim
-        nbytes = sim.costs.payload_bytes
-        messages = self.preducer.messages(members, nbytes)
-        now = sim.clock.now
-        end = max(sim.costs.network.send(messages, at=now), default=now)
-        if sim.math is not None:
+        math = self.sim.math
+        if math is not None:
             if self.copies:
-                sim.math.average_copies(members)
+                math.average_copies(members)
             else:
-                sim.math.average(members)
-        sent = nbytes * (len(members) - 1)
-        for member in arrived:
-            member.charge(network_s=end - now, nbytes=sent)
-            sim.at(member.rank, end, member.preduced, key)
+                math.average(members)
+        self.collectives.collective(arrived, functools.partial(self.preducer.messages, members),
+                                    len(members) - 1, PragueWorker.preduced, key)
 
 
 class GroupGeneratorService:
@@ -116,6 +114,7 @@ class GroupGeneratorService:
         self.server = Server(sim.service_s["group-generator"])
         sim.services["group_generator"] = self.server
         self.workers: list[PragueWorker] = []
+        self.channel = SimChannel(sim, 0, lambda j: self.workers[j].receive)
         self.ready_wait = sim.config.ready_wait / 1000.0 if core.policy == "ready" else None
         self._timer = 0
 
@@ -139,7 +138,7 @@ class GroupGeneratorService:
         clock = self.sim.clock
         for assign in assignments:
             message = GroupAssigned(group=assign.group, answers_request=assign.answers_request)
-            self.sim.control(0, assign.rank, self.workers[assign.rank].receive, message)
+            self.channel.control(assign.rank, message)
         if self.ready_wait is not None:
             self._timer += 1
             if self.core.waiting:
@@ -152,6 +151,7 @@ class PragueWorker(SimWorker):
                  period: list[Any] | None = None) -> None:
         super().__init__(sim, rank)
         self.rendezvous, self.gg, self.stop, self.period = rendezvous, gg, stop, period
+        self.channel = SimChannel(sim, rank, self._to_group_generator)
         self.core = PragueWorkerCore.of_run(sim.config, rank, sim.world)
         self.overlap = self.core.overlap
         self._static_groups: dict[int, tuple[int, ...]] = {}
@@ -180,6 +180,11 @@ class PragueWorker(SimWorker):
         self._run(decisions)
 
     # --- random groups ---------------------------------------------------------------------
+    def _to_group_generator(self, rank: int) -> Callable[..., None]:
+        """Where this worker's control messages go: the Group Generator's queue on rank 0."""
+        assert self.gg is not None
+        return self.gg.receive
+
     def receive(self, message: GroupAssigned) -> None:
         self._run(self.core.handle(message))
 
@@ -194,14 +199,14 @@ class PragueWorker(SimWorker):
         event = GroupRequested(rank=self.rank, iteration=decision.iteration, last=decision.last)
         finished = () if decision.finished is None else (
             GroupFinished(group_id=decision.finished, rank=self.rank),)
-        self.sim.control(self.rank, 0, self.gg.receive, *finished, event)
+        self.channel.control(0, *finished, event)
         if not self.overlap:
             self.block("the Group Generator's answer")
 
     def on_report_finished(self, decision: ReportFinished) -> None:
         assert self.gg is not None
         event = GroupFinished(group_id=decision.group_id, rank=self.rank)
-        self.sim.control(self.rank, 0, self.gg.receive, event)
+        self.channel.control(0, event)
 
     def on_merge_models(self, decision: MergeModels) -> None:
         if self.sim.math is not None:
