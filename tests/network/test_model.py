@@ -10,6 +10,7 @@ from hetsync.network.patterns import (
     point_to_point,
     push_pull,
     ring_allreduce,
+    scatter_gather,
 )
 from hetsync.network.spec import parse_network
 
@@ -98,3 +99,19 @@ def test_a_receiver_books_a_fan_out_copy_as_a_fair_share_of_the_senders_egress()
     assert first == second == pytest.approx(2 * 10 * MB / B + L)
     third = net.deliver(Message(5, 0, 10 * MB), at=0.0, copies=1)  # behind them at the ingress
     assert third == pytest.approx(3 * 10 * MB / B + L)
+
+
+def test_a_scatter_gather_sends_a_ring_s_bytes_in_two_rounds():
+    """Each member sends 2(k-1)/k of the buffer, as a ring does; each second-round message
+    waits for the k-1 shares its sender owns."""
+    k, nbytes = 4, 1000.0
+    messages = scatter_gather(range(k), nbytes)
+    assert len(messages) == 2 * k * (k - 1)
+    for r in range(k):
+        assert sum(m.nbytes for m in messages if m.src == r) == pytest.approx(
+            sum(m.nbytes for m in ring_allreduce(range(k), nbytes) if m.src == r))
+    second = messages[k * (k - 1):]
+    assert all(len(m.after) == k - 1 and all(messages[i].dst == m.src for i in m.after)
+               for m in second)
+    spec = parse_network("bandwidth=8kbit,latency=0s")  # 1000 bytes/s a NIC
+    assert NetworkModel(spec, k).duration(messages) == pytest.approx(2 * (k - 1) * 0.25)

@@ -13,6 +13,7 @@ from hetsync.network.model import Message
 
 __all__ = [
     "fan_out", "leader_reduce", "mesh_reduce", "point_to_point", "push_pull", "ring_allreduce",
+    "scatter_gather",
 ]
 
 
@@ -65,3 +66,17 @@ def leader_reduce(ranks: Sequence[int], nbytes: float) -> list[Message]:
     gathers = [Message(r, leader, nbytes) for r in rest]
     after = tuple(range(len(gathers)))
     return gathers + [Message(leader, r, nbytes, after) for r in rest]
+
+
+def scatter_gather(ranks: Sequence[int], nbytes: float) -> list[Message]:
+    """A reduce-scatter then an all-gather in two rounds of direct messages: every member
+    sends each other member that one's k-th of its buffer, then, once it has every share of
+    its own k-th, that k-th reduced to every other member (2(k-1)/k of the buffer out per
+    member, as a ring, in 2 rounds rather than 2(k-1))."""
+    k = len(ranks)
+    if k < 2:
+        return []
+    share = nbytes / k
+    first = mesh_reduce(ranks, share)
+    into = {r: tuple(i for i, m in enumerate(first) if m.dst == r) for r in ranks}
+    return first + [Message(m.src, m.dst, share, into[m.src]) for m in mesh_reduce(ranks, share)]

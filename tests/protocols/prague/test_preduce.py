@@ -1,7 +1,7 @@
 """P-Reduce on 8 real processes over gloo, every implementation: exact averages, non-members
 untouched, concurrent disjoint groups, members with different group histories. Also the mesh's
 `average_surviving`, the P-Reduce of every `--on-failure continue` Prague run, without a loss,
-and the mesh with its models encoded (`--compress`)."""
+and the mesh and the scatter-gather with their models encoded (`--compress`)."""
 
 from __future__ import annotations
 
@@ -50,6 +50,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "mesh-bf16": {"kind": "mesh", "codec": "bf16"},
     "mesh-int8": {"kind": "mesh", "codec": "int8"},
     "mesh-int8-surviving": {"kind": "mesh", "codec": "int8"},
+    "auto-int8": {"kind": "auto", "codec": "int8"},  # 4 members: the scatter-gather
+    "auto-bf16": {"kind": "auto", "codec": "bf16"},
     "auto-int8-from-source": {"kind": "auto", "codec": "int8"},
 }
 #: Variants whose models travel encoded (`--compress`): averages within the codec's error.
@@ -162,7 +164,7 @@ def test_members_end_bit_identical(states, variant):
 def test_out_of_place_averages_are_the_in_place_ones_bit_for_bit(states, variant):
     """Each round of a `-from-source` variant averaged the last one's buffer into a new one
     (its NaNs all overwritten) and left it as it was (checked on each rank as it ran)."""
-    in_place = variant.removesuffix("-from-source").replace("auto-int8", "mesh-int8")
+    in_place = variant.removesuffix("-from-source")
     for rank in range(WORLD):
         for i, (theirs, ours) in enumerate(zip(states[rank][in_place], states[rank][variant],
                                                strict=True)):

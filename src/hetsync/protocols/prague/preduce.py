@@ -71,9 +71,10 @@ import torch.distributed as dist
 
 from hetsync.errors import ConfigError
 from hetsync.network.model import Message
-from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce
+from hetsync.network.patterns import leader_reduce, mesh_reduce, ring_allreduce, scatter_gather
 from hetsync.protocols.prague.options import PREDUCE_KINDS
 from hetsync.transport.channel import Channel
+from hetsync.transport.codec import Residual
 from hetsync.transport.header import Frame
 from hetsync.transport.links import Link, pair_mean
 
@@ -267,6 +268,86 @@ class _Mesh(PReducer):
         return members
 
 
+class _Scatter(PReducer):
+    """Encoded, for more than two members: each member sends every other member that one's
+    k-th of its model, encoded; each owner averages the k decoded shares of its k-th and
+    sends the mean, encoded, to all; every member decodes every mean, its own too, so all
+    agree bit for bit. 2(k-1)/k of the encoded model out per member, as a ring sends, in two
+    rounds (a compressed mesh sends k-1 whole models: more than an uncompressed ring from 3
+    members on). Error feedback on this member's model and on the means it owns."""
+
+    def __init__(self, rank: int, world: int, link: Link, channel: Channel) -> None:
+        super().__init__(rank, world, link)
+        self._codec = channel.codec
+        self._own = Residual()
+        self._means: dict[tuple[int, int], Residual] = {}
+        self._buffers: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def messages(self, group: Group, nbytes: float) -> list[Message]:
+        return scatter_gather(group, nbytes)
+
+    def _wire(self, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The send and receive buffers (reused): k shares' messages each."""
+        if self._buffers is None or self._buffers[0].numel() != size:
+            self._buffers = (self.link.zeros(size, torch.uint8),
+                             self.link.zeros(size, torch.uint8))
+        return self._buffers
+
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
+        codec, k, me, tag = self._codec, len(group), group.index(self.rank), _tag(group)
+        n = source.numel()
+        m = -(-n // k)  # a share's values
+        wire = -(-codec.nbytes(m) // 8) * 8  # a share's message, 8-byte aligned
+        values = torch.zeros(m * k, dtype=torch.float32, device=self.link.device)
+        values[:n].copy_(source)
+        self._own.add_into(values)
+        send, received = self._wire(k * wire)
+        shares = [slice(j * m, (j + 1) * m) for j in range(k)]
+        blocks = [slice(j * wire, (j + 1) * wire) for j in range(k)]
+        sent = torch.empty_like(values)
+        for j in range(k):
+            codec.encode(values[shares[j]], out=send[blocks[j]])
+            codec.decode(send[blocks[j]], sent[shares[j]])
+        self._own.keep(values, sent)
+        peers = [(j, peer) for j, peer in enumerate(group) if peer != self.rank]
+        self.link.exchange([(send[blocks[j]], peer) for j, peer in peers],
+                           [(received[blocks[j]], peer) for j, peer in peers], tag)
+        mean = sent[shares[me]].clone()
+        share = torch.empty(m, dtype=torch.float32, device=self.link.device)
+        for j, _ in peers:
+            mean.add_(codec.decode(received[blocks[j]], share))
+        mean.div_(k)
+        residual = self._means.setdefault((k, me), Residual())
+        residual.add_into(mean)
+        mine = send[blocks[me]]  # this member's block, not sent in the first round
+        codec.encode(mean, out=mine)
+        residual.keep(mean, codec.decode(mine, share))
+        self.link.exchange([(mine, peer) for _, peer in peers],
+                           [(received[blocks[j]], peer) for j, peer in peers], tag)
+        for j in range(k):
+            codec.decode(mine if j == me else received[blocks[j]], values[shares[j]])
+        flat.copy_(values[:n])
+
+
+class _Encoded(PReducer):
+    """``auto`` on a compressed wire: a pair's mesh (one encoded model each way), the
+    scatter-gather from three members on (`_Scatter`: a mesh's bytes grow with k-1)."""
+
+    def __init__(self, rank: int, world: int, link: Link, channel: Channel) -> None:
+        super().__init__(rank, world, link)
+        self._mesh = _Mesh(rank, world, link, channel)
+        self._scatter = _Scatter(rank, world, link, channel)
+
+    def _kind(self, group: Group) -> PReducer:
+        return self._mesh if len(group) <= 2 else self._scatter
+
+    def messages(self, group: Group, nbytes: float) -> list[Message]:
+        return self._kind(group).messages(group, nbytes)
+
+    def _mean(self, flat: torch.Tensor, group: Group, source: torch.Tensor) -> None:
+        self._kind(group)._mean(flat, group, source)
+
+
 class _Ring(PReducer):
     """Bandwidth-optimal: 2(k-1)/k of the buffer out per member, but 2(k-1) rounds."""
 
@@ -443,8 +524,10 @@ def make_preducer(
         raise ConfigError(f"P-Reduce {kind!r} sends models as they are: --compress {codec} "
                           f"needs --preduce mesh or auto")
     if kind == "auto":
-        return _Mesh(rank, world, link, channel) if lossy else _Auto(rank, world, link,
-                                                                      network, channel)
+        if lossy:
+            assert channel is not None
+            return _Encoded(rank, world, link, channel)
+        return _Auto(rank, world, link, network, channel)
     if kind == "subgroup":
         if store is None:
             raise ConfigError("P-Reduce 'subgroup' needs a store shared by all ranks")
