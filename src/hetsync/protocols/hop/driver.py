@@ -2,7 +2,9 @@
 
 Theory of operation. The decisions (may this worker start iteration k, which updates does it
 average, when does it skip) are made by `HopCore`; this module only moves messages and
-tensors. Each worker receives on a thread per neighbour and kind (`PeerStreams`: a neighbour's
+tensors, through its channel (`self.channel`: the fault, loss, bytes, the emulated network,
+and the wire format of `--compress`, in which updates travel and are decoded to be averaged).
+Each worker receives on a thread per neighbour and kind (`PeerStreams`: a neighbour's
 death fails only its own): tagged models from its in-neighbours, tokens from its
 out-neighbours. These threads turn each message into a core event on an inbox queue as it
 arrives and never block a sender: a model is buffered as soon as it arrives, and the core
