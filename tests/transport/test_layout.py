@@ -104,3 +104,40 @@ def test_the_duty_check_sees_each_duty(tmp_path):
     assert not DUTIES.search("if self.network.emulated:")
     assert not DUTIES.search("self.channel.send(step, message, 1, tag)")
     assert not DUTIES.search("self.channel.occupy(pattern, nbytes)")
+
+
+#: A simulated message's duties, which its channel's twin (hetsync.simulator.channel) does for
+#: every simulation: the network model's booking, the row's bytes and transfer time, the
+#: arrival on the clock (dropped for a lost worker), a message pattern written out.
+SIM_DUTIES = re.compile(r"\.deliver\(|payload_arrival|sim\.control\("
+                        r"|\.network\.send\(|\.nics\b|\.charge\(|\bMessage\(|fan_out\("
+                        r"|ring_allreduce\(|payload_bytes")
+
+
+def simulations() -> list[Path]:
+    return sorted((SRC / "protocols").glob("*/simulation.py"))
+
+
+def test_simulations_leave_every_duty_of_a_message_to_its_channel():
+    found = simulations()
+    assert len(found) >= 8
+    offences = [f"{p.relative_to(SRC)}:{n}: {line.strip()}" for p in found
+                for n, line in enumerate(p.read_text().splitlines(), 1)
+                if SIM_DUTIES.search(line)]
+    assert not offences, ("a simulation does a message's duty itself (its channel's: "
+                          "hetsync.simulator.channel): " + "; ".join(offences))
+
+
+def test_the_simulation_duty_check_sees_each_duty():
+    lines = ["sim.deliver(self.rank, dst, at, peer.receive, event)",
+             "arrival = sim.payload_arrival(self.rank, partner)",
+             "self.sim.control(self.rank, 0, self.gg.receive, event)",
+             "sim.costs.network.send(messages, at=now)",
+             "network.deliver(Message(self.rank, dst, nbytes), now, copies)",
+             "sent = arrival - sim.costs.network.nics[self.rank].latency",
+             "self.charge(nbytes=sim.costs.payload_bytes)",
+             "messages = fan_out(self.rank, to, nbytes)"]
+    assert all(SIM_DUTIES.search(line) for line in lines)
+    assert not SIM_DUTIES.search("self.channel.control(dst, event)")
+    assert not SIM_DUTIES.search("self.channel.send(self, 0, push)")
+    assert not SIM_DUTIES.search("self.collectives.all_reduce(self.workers, receive, result)")

@@ -1,9 +1,10 @@
 """What every simulated protocol shares: the clock, the costs, the stop rules and the records.
 
 A protocol's simulation (`hetsync.protocols.<name>.simulation`) builds one `SimWorker` per
-rank around the protocol's cores and turns their decisions into timed callbacks; this module
-keeps each worker's per-iteration row in the format real workers log (docs/run-directory.md),
-so that `hetsync report` reads simulated and real runs alike.
+rank around the protocol's cores and turns their decisions into timed callbacks and channel
+operations (`simulator.channel`, which books every message); this module keeps each worker's
+per-iteration row in the format real workers log (docs/run-directory.md), so that `hetsync
+report` reads simulated and real runs alike.
 
 Lost workers (`--fault kill:rank=R,at=T --on-failure continue`). At T the worker stops at
 once: its pending callbacks (compute, its own timers, messages it was yet to receive) do
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING, Any
 
 from hetsync.config import RunConfig
 from hetsync.errors import Deadlock
-from hetsync.network.model import Message
 from hetsync.simulator.clock import Clock
 from hetsync.simulator.costs import SERVICE_S, Costs
 from hetsync.transport.lost_workers import POLL_S
@@ -78,7 +78,8 @@ class Simulation:
 
     def deliver(self, src: int, dst: int, at: float, action: Any, *args: Any) -> None:
         """A message from `src` to `dst` that the costs say arrives at `at`: run `action(*args)`
-        when it does (later, under `jitter`; never, if `dst` is lost by then)."""
+        when it does (later, under `jitter`; never, if `dst` is lost by then). The channel's
+        (`simulator.channel`); a simulation sends through that."""
         if self.jitter is not None:
             at = self.jitter.arrive(src, dst, at)
         self.at(dst, at, action, *args)
@@ -125,23 +126,11 @@ class Simulation:
     def survivors(self) -> list[SimWorker]:
         return [w for w in self.workers if w.rank not in self.dead]
 
-    def control(self, src: int, dst: int, action: Any, *args: Any) -> None:
-        """A control message (a request, a token, a goodbye) from `src` to `dst`, sent now."""
-        self.deliver(src, dst, self.clock.now + self.costs.latency(src, dst), action, *args)
-
     def wants_stop(self, iteration: int) -> bool:
         """A worker's own stop conditions, after computing `iteration` (as `Step.wants_stop`)."""
         return ((self.max_iterations is not None and iteration >= self.max_iterations)
                 or (self.max_time is not None and self.clock.now >= self.max_time)
                 or self.target_reached)
-
-    def payload_arrival(self, src: int, dst: int) -> float:
-        """When a payload-sized message (a model, a gradient) sent now arrives; a rank's
-        message to itself crosses no network."""
-        now = self.clock.now
-        if src == dst:
-            return now
-        return self.costs.network.send([Message(src, dst, self.costs.payload_bytes)], at=now)[0]
 
     def stuck(self) -> str:
         """The unfinished workers and what each waits for (the first 8), for a report."""
@@ -201,7 +190,8 @@ class SimWorker:
         self._waiting_for = ""
 
     def charge(self, network_s: float = 0.0, nbytes: float = 0.0) -> None:
-        """Count modelled transfer time and bytes sent towards this iteration's row."""
+        """Count modelled transfer time and bytes sent towards this iteration's row (the
+        channel's operations do: `simulator.channel`)."""
         self._network_s += network_s
         self._bytes += nbytes
 
