@@ -84,7 +84,9 @@ _RUN_HELP = {
     "checkpoint_every": "seconds of run time between each worker's checkpoint (model, "
     "optimizer, iteration, data position) in DIR/checkpoints/, for `train --resume DIR`",
     "fault": "inject failures: kill:rank=R,at=20s | stop:rank=R,at=10s[,for=5s] | "
-    "raise:rank=R,at=ITER | hang:rank=R,at=ITER, joined by ';' (tests, experiments)",
+    "raise:rank=R,at=ITER | hang:rank=R,at=ITER | delay-messages:p=P,ms=M | "
+    "slow-link:ranks=R[+R],at=T,bandwidth=B (needs --network), joined by ';' (tests, "
+    "experiments)",
     "on_failure": "a lost worker (dead, stopped or hung): stop the run, or continue without it "
     f"({', '.join(TOLERATE_LOSS)}, some not under every option of theirs; see "
     "docs/failures.md)",
