@@ -80,7 +80,7 @@ class DDP(Protocol):
         self.channel = self.open_channel(self.link)
         # The gradients are views into DDP's buckets: no copy of them into the buckets before
         # the all-reduce and back after it (with the 45 MB model, 4-12 % more samples/s in
-        # three alternated pairs; docs/real-compute.md, "DDP's gradients in its buckets").
+        # three alternated pairs; docs/notes/real-compute-log.md, "DDP's gradients in its buckets").
         self.ddp = DistributedDataParallel(model, gradient_as_bucket_view=True)
         self.ddp.register_comm_hook(None, self._hook)
         self._bookkeeping = False  # the model's forward pass running has readied the reducer

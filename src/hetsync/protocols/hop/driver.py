@@ -80,8 +80,7 @@ _UPDATE_TAG, _TOKEN_TAG = 41, 42
 #: receiver has taken its update in, which a straggler whose CPU quota froze its threads does
 #: only once it runs again (up to 75 ms later at a quarter core). So a worker waits for an
 #: update's sends only as it packs into that buffer again, an update later, not for the one
-#: it has just sent. Three or four buffers in turn waited no less (docs/real-compute.md, "Hop's
-#: update buffers").
+#: it has just sent (why two: docs/notes/real-compute-log.md, "Hop's update buffers").
 _UPDATE_BUFFERS = 2
 _HEADERS: dict[int, type[UpdateHeader] | type[TokenHeader]] = {
     _UPDATE_TAG: UpdateHeader, _TOKEN_TAG: TokenHeader}

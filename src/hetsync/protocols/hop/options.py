@@ -24,7 +24,7 @@ _HOP = HopConfig()  # the paper's settings, the core's defaults
 #: What a run with no backup worker possible (every rank's in-neighbours are waited for: a
 #: ring of 2, a directed ring) gets where Hop's options are left unset: staleness lets a fast
 #: worker go on without a slow neighbour's newest update, skipping brings the slow one back
-#: up (the variant hop-stale-skip, docs/real-compute.md).
+#: up (the variant hop-stale-skip, docs/notes/real-compute-log.md).
 STALE_SKIP = {"staleness": 12, "max_gap": 16, "skip": True, "send_ahead": 1,
               "average_once": True}
 

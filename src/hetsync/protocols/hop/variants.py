@@ -27,9 +27,8 @@ VARIANTS = (
     NamedVariant("hop-skip", _SKIP, default=True, fuzz=False),
     # Where no backup worker can be set (a ring of 2), staleness lets a worker go on without
     # its in-neighbour's newest update, and skipping brings a slow one back up: s iterations
-    # of staleness carry a worker whose step takes up to s + 1 of its neighbour's (measured,
-    # docs/real-compute.md: a quarter core makes that 5 on resnet, 13 with a 45 MB model, where
-    # staleness 6 left the fast worker waiting 30 % of the time, 12 only 10 %). A slow worker
+    # of staleness carry a worker whose step takes up to s + 1 of its neighbour's (12: the
+    # measured choice, docs/notes/real-compute-log.md). A slow worker
     # takes in only the updates it uses (deferred updates), and the fast one averages each of
     # its updates in once, not again every iteration until a newer one comes (average once:
     # the same throughput, a final loss as low as AD-PSGD's; docs/hop-prague.md). Hop's

@@ -4,11 +4,10 @@ The workers' messages (`ToGG`) arrive on one receive per peer (`PeerStreams`, so
 fails only its own), and the thread a message arrives on feeds it to the core and sends the
 assignments the core returns (`FromGG`; rank 0's own go to it directly through `deliver`),
 all under one lock: a message wakes one thread at rank 0, not three (its peer's, a consumer's,
-a generator's; with 8 workers rank 0 spent 5.1 ms of CPU a step more than the other ranks
-then, 3.4-3.8 after this, docs/real-compute.md). Rank 0's own messages are fed the same way by
-the thread that sends them. With a ready-wait policy a timer thread wakes the core when a held
-request's wait runs out (`WaitTimedOut`): `ready_wait` after the last message served, as
-before."""
+a generator's: the CPU it saved, docs/notes/real-compute-log.md). Rank 0's own messages are fed
+the same way by the thread that sends them. With a ready-wait policy a timer thread wakes the
+core when a held request's wait runs out (`WaitTimedOut`): `ready_wait` after the last
+message served."""
 
 from __future__ import annotations
 
