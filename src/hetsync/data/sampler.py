@@ -174,7 +174,26 @@ class _Dealer:
         return range(0)
 
 
-class DynamicSampler(Sampler[int]):
+class _Tallied:
+    """What a worker was dealt: `_tally`'s counts, as read-only figures."""
+
+    _tally: dict[str, int]
+
+    @property
+    def dealt(self) -> int:
+        return self._tally["dealt"]
+
+    @property
+    def unused(self) -> int:
+        return self._tally["unused"]
+
+    @property
+    def redealt(self) -> int:
+        """Items of lost workers' unfinished claims dealt to this one (counted in `dealt`)."""
+        return self._tally["redealt"]
+
+
+class DynamicSampler(_Tallied, Sampler[int]):
     """`DistributedSampler`'s drop-in that deals each epoch out as workers ask.
 
     Args (as `DistributedSampler`'s): `dataset`; `num_replicas`, `rank` (the run's; given by
@@ -217,19 +236,6 @@ class DynamicSampler(Sampler[int]):
         self._pass: _Pass | None = None  # the latest, for state_dict()
         self._resumed: _Pass | None = None  # load_state_dict()'s, for the next __iter__
         self._tally = {"dealt": 0, "unused": 0, "redealt": 0}
-
-    @property
-    def dealt(self) -> int:
-        return self._tally["dealt"]
-
-    @property
-    def unused(self) -> int:
-        return self._tally["unused"]
-
-    @property
-    def redealt(self) -> int:
-        """Items of lost workers' unfinished claims dealt to this one (counted in `dealt`)."""
-        return self._tally["redealt"]
 
     def set_epoch(self, epoch: int) -> None:
         """Deal epoch `epoch` next (its order, and its counter)."""
@@ -305,7 +311,7 @@ def deal(batches: int | Sequence[int], epoch: int = 0, *, shuffle: bool = False,
     return Deal(dealer, items, name, epoch, chunk)
 
 
-class Deal(Iterator[int]):
+class Deal(_Tallied, Iterator[int]):
     """One pass of `deal()` over an epoch: an iterator of this worker's batches, which deals
     nothing before its first `next()`, so that a resume may load its `state_dict()` first.
 
@@ -320,18 +326,6 @@ class Deal(Iterator[int]):
         self._pass = _Pass(_key(name, epoch, self.passes))
         self._dealing: Iterator[int] | None = None
         self._tally = {"dealt": 0, "unused": 0, "redealt": 0}
-
-    @property
-    def dealt(self) -> int:
-        return self._tally["dealt"]
-
-    @property
-    def unused(self) -> int:
-        return self._tally["unused"]
-
-    @property
-    def redealt(self) -> int:
-        return self._tally["redealt"]
 
     def __iter__(self) -> Deal:
         return self
