@@ -1,4 +1,4 @@
-"""What averaging, packing and unpacking a model cost on one thread: `Link.mix_into`,
+"""What averaging, packing and unpacking a model cost on one thread: `mixing.mix_into`,
 `Link.flat` and `Link.unpack_into` on separate tensors (torch's multi-tensor ops) and on the
 same tensors laid out in one buffer (`hetsync.transport.contiguous.lay_out`, as
 `SyncOptimizer` lays a model out), beside the same arithmetic done tensor by tensor in Python
@@ -22,7 +22,8 @@ from collections.abc import Callable
 import torch
 
 from hetsync.transport.contiguous import lay_out, span
-from hetsync.transport.links import Link, mix
+from hetsync.transport.links import Link
+from hetsync.transport.mixing import mix, mix_into
 from hetsync.workloads import get_workload
 
 
@@ -76,8 +77,8 @@ def main() -> None:
     start = [t.clone() for t in tensors]
     results = []
     for average, target in ((mix_per_tensor, tensors),
-                            (lambda: link.mix_into(tensors, weight, inputs), tensors),
-                            (lambda: link.mix_into(laid, weight, inputs), laid)):
+                            (lambda: mix_into(link, tensors, weight, inputs), tensors),
+                            (lambda: mix_into(link, laid, weight, inputs), laid)):
         for t, s in zip(target, start, strict=True):
             t.copy_(s)
         average()
@@ -99,8 +100,8 @@ def main() -> None:
     rows = [
         ("mix", "scaled sum, one buffer", scaled_sum),
         ("mix", "tensor by tensor", mix_per_tensor),
-        ("mix", "Link.mix_into", lambda: link.mix_into(tensors, weight, inputs)),
-        ("mix", "Link.mix_into, one buffer", lambda: link.mix_into(laid, weight, inputs)),
+        ("mix", "mixing.mix_into", lambda: mix_into(link, tensors, weight, inputs)),
+        ("mix", "mixing.mix_into, one buffer", lambda: mix_into(link, laid, weight, inputs)),
         ("pack", "Link.flat", lambda: link.flat(tensors, out=out)),
         ("pack", "Link.flat, one buffer", lambda: link.flat(laid, out=out)),
         ("unpack", "tensor by tensor", unpack_per_tensor),

@@ -21,7 +21,8 @@ from hetsync.protocols.ddp.driver import DDP
 from hetsync.transport.contiguous import lay_out
 from hetsync.transport.flat import BufferDrift, average_model, broadcast_model, model_tensors
 from hetsync.transport.header import Frame
-from hetsync.transport.links import Link, Links, WireDeviceError, mix
+from hetsync.transport.links import Link, Links, WireDeviceError
+from hetsync.transport.mixing import average_pair_into, mix, mix_into
 from hetsync.transport.runtime import Runtime
 
 META = torch.device("meta")
@@ -144,7 +145,7 @@ def test_mix_into_is_the_flat_average_bit_for_bit(dtype, in_place, contiguous, l
     mix(expected, self_weight, inputs)
     want = [torch.zeros_like(t) for t in tensors]
     link.unpack_into(expected, want)
-    scratch = link.mix_into(tensors, self_weight, inputs)
+    scratch = mix_into(link, tensors, self_weight, inputs)
     assert (scratch is None) == in_place
     if laid_out:
         assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True))
@@ -194,7 +195,7 @@ def test_average_pair_into_is_the_flat_average_bit_for_bit(dtype, in_place, laid
     want = [torch.zeros_like(t) for t in tensors]
     link.unpack_into(expected, want)
     out = torch.full_like(other, float("nan"))
-    link.average_pair_into(tensors, other, out)
+    average_pair_into(link, tensors, other, out)
     assert torch.equal(out, expected)
     assert all(torch.equal(a, b) for a, b in zip(tensors, want, strict=True))
 
@@ -313,4 +314,4 @@ def test_no_tensors_to_mix_or_unpack_is_nothing_to_do():
     link = Link.default()
     flat = torch.zeros(0)
     link.unpack_into(flat, [])
-    assert link.mix_into([], 0.5, [(flat, 0.5)]) is None
+    assert mix_into(link, [], 0.5, [(flat, 0.5)]) is None

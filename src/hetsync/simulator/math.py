@@ -26,7 +26,7 @@ import torch
 from hetsync.config import RunConfig
 from hetsync.errors import ConfigError
 from hetsync.transport.flat import flatten
-from hetsync.transport.links import mix
+from hetsync.transport.mixing import mix
 from hetsync.workloads import SVM_L2, get_workload
 from hetsync.workloads.datasets import DataSplit
 from hetsync.workloads.sharding import Shard

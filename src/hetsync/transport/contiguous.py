@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["lay_out", "span"]
+__all__ = ["lay_out", "pieces", "span", "views"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,3 +131,15 @@ def lay_out(tensors: Sequence[torch.Tensor]) -> bool:
             piece.copy_(t.reshape(-1))
             t.data = piece.view_as(t)
     return True
+
+
+def pieces(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+    """Consecutive 1-D slices of `flat`, one per tensor: views, made in one call rather
+    than a Python slice per tensor."""
+    sizes = [t.numel() for t in tensors]
+    return flat[: sum(sizes)].split(sizes)
+
+
+def views(flat: torch.Tensor, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Consecutive slices of `flat`, shaped as `tensors`."""
+    return [piece.view_as(t) for piece, t in zip(pieces(flat, tensors), tensors, strict=True)]

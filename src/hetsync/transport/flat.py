@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 from hetsync.transport.contiguous import span
-from hetsync.transport.links import Link, mix
+from hetsync.transport.links import Link
+from hetsync.transport.mixing import mix, mix_into
 
 __all__ = [
     "BufferDrift",
@@ -93,13 +94,13 @@ class BufferDrift:
                  out: torch.Tensor | None = None) -> torch.Tensor | None:
         """tensors <- self_weight * sent + sum(weight * flat) over `inputs`, the buffers
         corrected (`apply`): as that sum in a flat buffer, `apply` and `unpack_into` would
-        give (bit for bit in fp32; in bf16 as `Link.mix_into` says). The parameters have
+        give (bit for bit in fp32; in bf16 as `mixing.mix_into` says). The parameters have
         not moved since `sent` was packed, so they are their own term and are averaged in
-        place (`Link.mix_into`: no model-sized buffer, one pass fewer); only the buffers' few
+        place (`mixing.mix_into`: no model-sized buffer, one pass fewer); only the buffers' few
         values go through a copy. `tensors`: the model's (`model_tensors`), whose trailing
-        ones are these buffers. Returns `Link.mix_into`'s scratch buffer, for the next call."""
+        ones are these buffers. Returns `mixing.mix_into`'s scratch buffer, for the next call."""
         split = len(tensors) - len(self.buffers)
-        out = link.mix_into(tensors[:split], self_weight,
+        out = mix_into(link, tensors[:split], self_weight,
                             [(flat[: self.offset], weight) for flat, weight in inputs], out=out)
         if self.buffers:
             average = sent[self.offset : self.end].clone()

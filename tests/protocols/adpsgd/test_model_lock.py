@@ -18,6 +18,7 @@ from hetsync.metrics.worker_log import Snapshotter, snapshot_path
 from hetsync.protocols.adpsgd.core import ADPSGDCore, RequestReceived, Served
 from hetsync.protocols.adpsgd.driver import ADPSGD
 from hetsync.transport.flat import model_tensors
+from hetsync.transport.mixing import average_pair_into
 
 ITERATIONS = 10
 SNAPSHOTS = 10
@@ -64,7 +65,7 @@ class _Client:
                 driver._serve_granted = None
             model = [t.data for t in driver.tensors]
             for _ in range(self.rounds):
-                driver.link.average_pair_into(model, self._other, self._reply)
+                average_pair_into(driver.link, model, self._other, self._reply)
                 torch._foreach_zero_(model)
             with driver.cond:
                 driver._execute(driver.core.handle(Served(src=1)))

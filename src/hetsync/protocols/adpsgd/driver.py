@@ -77,6 +77,7 @@ from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import BufferDrift, model_tensors
 from hetsync.transport.links import bind_thread
+from hetsync.transport.mixing import average_pair_into
 from hetsync.transport.peer_streams import PeerStreams
 from hetsync.transport.runtime import Runtime
 
@@ -330,8 +331,8 @@ class ADPSGD(Protocol):
                     self.frame)
                 self._served = None
                 average = self.frame.payload(reply) if encoded is None else encoded
-                self.link.average_pair_into([t.data for t in self.tensors],
-                                            self.channel.payload(self.frame, buffer), average)
+                average_pair_into(self.link, [t.data for t in self.tensors],
+                                  self.channel.payload(self.frame, buffer), average)
                 with self.cond:  # the trainer may now step or send its request
                     self._execute(self.core.handle(Served(src=source)))
                 self.channel.pack(self.frame, Header().encode(), () if encoded is None else

@@ -75,7 +75,7 @@ class DPSGD(Protocol):
         self._exchange: _Posted | None = None
         self._step = Step(0)  # the step whose decisions are being carried out
         self._spare: list[torch.Tensor] = []  # message buffers no exchange is using
-        self._scratch: torch.Tensor | None = None  # `Link.mix_into`'s fallback buffer, if any
+        self._scratch: torch.Tensor | None = None  # `mixing.mix_into`'s fallback buffer, if any
 
     def _new_core(self, max_iterations: int | None) -> DPSGDCore:
         return DPSGDCore.of_run(self.topology, self.runtime.rank, max_iterations)

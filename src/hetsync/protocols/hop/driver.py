@@ -72,6 +72,7 @@ from hetsync.protocols.hop.wire import TOKEN_FRAME, TokenHeader, UpdateHeader, u
 from hetsync.protocols.registry import register_protocol
 from hetsync.topology import build
 from hetsync.transport.flat import model_tensors
+from hetsync.transport.mixing import mix_into
 from hetsync.transport.peer_streams import Item, PeerStreams
 from hetsync.transport.runtime import Runtime
 
@@ -303,8 +304,8 @@ class Hop(Protocol):
         if not inputs:  # a skip with nothing new to merge
             return
         frame = self._frames[_UPDATE_TAG]
-        self._average_out = self.link.mix_into(
-            self.tensors, self_weight,
+        self._average_out = mix_into(
+            self.link, self.tensors, self_weight,
             [(self.channel.payload(frame, self.updates[j, tag]), weights[j])
              for j, tag in inputs.items()],
             out=self._average_out)

@@ -76,7 +76,8 @@ from hetsync.protocols.prague.options import PREDUCE_KINDS
 from hetsync.transport.channel import Channel
 from hetsync.transport.codec import Residual
 from hetsync.transport.header import Frame
-from hetsync.transport.links import Link, pair_mean
+from hetsync.transport.links import Link
+from hetsync.transport.mixing import pair_mean
 
 __all__ = ["RING_FROM_BYTES", "Costs", "PReducer", "free_network_kind", "make_preducer"]
 

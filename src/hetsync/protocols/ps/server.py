@@ -48,8 +48,8 @@ from hetsync.protocols.ps.core import (
 )
 from hetsync.protocols.ps.wire import PULL_TAG, PUSH_TAG, PushHeader, ReplyHeader, frame
 from hetsync.transport.channel import Channel
+from hetsync.transport.contiguous import views
 from hetsync.transport.flat import unflatten_into
-from hetsync.transport.links import views
 from hetsync.transport.peer_streams import PeerStreams
 
 __all__ = ["LocalPush", "Server", "host_flat", "trainable"]
