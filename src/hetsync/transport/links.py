@@ -14,10 +14,11 @@ A worker has two links (`Links`, built once by `hetsync.transport.runtime.join`)
   threads, and NCCL's point-to-point calls belong on the thread of their stream.
 
 Packing (`flat`, `pack`) and unpacking (`unpack_into`) copy between the model's tensors, on
-whatever device the model is, and the wire (averaging into the model: `transport/mixing.py`). Where the wire is the host and a tensor
-is on a GPU, the host buffers are pinned and the copies non-blocking, with one synchronisation
-for all of a buffer's tensors (before it is sent, or before the receive buffer may be reused);
-on a machine without CUDA nothing is pinned and the copies are plain ones.
+whatever device the model is, and the wire (averaging into the model: `transport/mixing.py`).
+Where the wire is the host and a tensor is on a GPU, the host buffers are pinned and the copies
+non-blocking, with one synchronisation for all of a buffer's tensors (before it is sent, or
+before the receive buffer may be reused); on a machine without CUDA nothing is pinned and the
+copies are plain ones.
 """
 
 from __future__ import annotations
