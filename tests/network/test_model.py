@@ -1,7 +1,12 @@
 """The cost model's rule on the cases the issue names: each against its closed form."""
 
+import sys
+import threading
+import time
+
 import pytest
 
+from hetsync.network.emulator import NetworkEmulator
 from hetsync.network.model import Message, NetworkModel
 from hetsync.network.patterns import (
     fan_out,
@@ -115,3 +120,28 @@ def test_a_scatter_gather_sends_a_ring_s_bytes_in_two_rounds():
                for m in second)
     spec = parse_network("bandwidth=8kbit,latency=0s")  # 1000 bytes/s a NIC
     assert NetworkModel(spec, k).duration(messages) == pytest.approx(2 * (k - 1) * 0.25)
+
+
+def test_receiving_threads_book_a_nic_without_losing_a_booking():
+    """Hop's receiving threads, one per in-neighbour, book arrivals on one NIC clock
+    (`NetworkEmulator.deliver`): with a thread switch forced between a booking's read and its
+    write, two unlocked bookings could share one ingress slot (review 4, item 5: 617 of
+    20,000 lost)."""
+    emulator = NetworkEmulator(parse_network("bandwidth=8Mbit,latency=0s"), 3, time.time)
+    per_thread, nbytes = 5000, 1000.0  # 1 ms each at 1 MB/s
+
+    def book(src: int) -> None:
+        for _ in range(per_thread):
+            emulator.deliver(Message(src, 0, nbytes), 1, 0.0)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=book, args=(src,)) for src in (1, 2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert emulator.model.ingress_free[0] == pytest.approx(2 * per_thread * 1e-3)
