@@ -2,26 +2,18 @@
 
 glibc serves every allocation above its `mmap` threshold (dynamic, at most 32 MB) with a
 mapping of its own and unmaps it when it is freed, and returns freed memory at the heap's top
-to the kernel. A backward pass's gradients are fresh tensors every step (34 MB for
-`mlp-wide`'s widest layer), and the launcher's evaluation loads every snapshot into fresh
-tensors: each time, the kernel faults the memory in and zeroes it. Raised thresholds keep that
-memory in the heap for the next allocation, as jemalloc or tcmalloc would (PyTorch's CPU
-tuning guide preloads one): a process then keeps up to `TRIM_THRESHOLD` of freed memory
-instead of returning it. A worker's step (`mlp-wide`, on huge pages): 870-1,381 page faults
-before, 0 in its steady state. That state can take a dozen allocations to come: glibc 2.36's
-`memalign` asks for the size plus the alignment (2 MB on huge pages), so a freed tensor's memory
-alone does not fit the next one until freed neighbours merge (tests/test_malloc_settings.py).
-The launcher of a 10 s, two-worker `mlp-wide` run, whose
-tensors are not on huge pages and so are placed less tidily: 1.3 million, 0.77-0.81 million.
+to the kernel. A backward pass's gradients are fresh tensors every step, and the launcher's
+evaluation loads every snapshot into fresh tensors: each time, the kernel faults the memory in
+and zeroes it. Raised thresholds keep that memory in the heap for the next allocation, as
+jemalloc or tcmalloc would (PyTorch's CPU tuning guide preloads one): a process then keeps up
+to `TRIM_THRESHOLD` of freed memory instead of returning it.
 
 A worker's first seconds still took fresh memory: the heap grows until then, and the threads
-that receive messages allocate their buffers in arenas of their own. On a VM a fresh page's
-first touch is slow (45 MB in 30-110 ms of CPU), and it was most of a quarter-core straggler's
-CPU in its first 2.5 s (`perf`: the kernel zeroing pages, 56 % of its samples, 40 % in gloo's
-receiving thread). So every thread allocates from the one heap (`ARENA_MAX`), and a worker
-touches room for a step's buffers (`touch_heap`, a few times the model's bytes) before its
-run's clock starts, then frees it: glibc keeps it at the heap's top, under both thresholds, and
-the first buffers come from memory already touched.
+that receive messages allocate their buffers in arenas of their own. So every thread allocates
+from the one heap (`ARENA_MAX`), and a worker touches room for a step's buffers (`touch_heap`,
+a few times the model's bytes) before its run's clock starts, then frees it: glibc keeps it at
+the heap's top, under both thresholds, and the first buffers come from memory already touched.
+What it saved: docs/design.md, "glibc's malloc thresholds".
 
 Nothing changes where the user chose their own settings (either variable, `GLIBC_TUNABLES`, or
 a preloaded allocator in `LD_PRELOAD`). Without glibc the variables are ignored and `mallopt`

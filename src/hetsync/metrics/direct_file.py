@@ -1,22 +1,17 @@
 """A file image built in memory that is reused, then written past the page cache.
 
-Why: a worker writes a snapshot of its model every few seconds. `torch.save` straight into a
-new file fills fresh page-cache pages, and on a VM a fresh page costs a first touch: 105-117
-ms of CPU for a 45 MB model on this project's 2-core VM, 0.4-0.5 s between two steps at a
-quarter of a core (docs/notes/real-compute-log.md, "What Hop's fast worker waits for beside a
-quarter-core straggler"). Serialized into memory this object keeps (its pages touched once)
-and written with `O_DIRECT` from there, the same snapshot took 6-7 ms of CPU and a 2-3 ms
-write that waits 21-24 ms on the disk, not on the CPU. A small image goes through the page
-cache, where it costs less than a wait for the disk (under `DIRECT_FROM` bytes: a 1 MB image
-took 0.34 ms written through it, 1.2 ms past it; 10 MB, 25 ms against 9.7), as does one that
-the file system refuses `O_DIRECT` for (EINVAL: tmpfs before Linux 6.6, some network file
-systems).
+Why: a worker writes a snapshot of its model every few seconds, and `torch.save` straight into
+a new file fills fresh page-cache pages, whose first touch on a VM costs the training thread
+more CPU than the snapshot itself. Serialized into memory this object keeps (its pages touched
+once) and written with `O_DIRECT` from there, the write waits on the disk, not on the CPU. A
+small image (under `DIRECT_FROM` bytes) goes through the page cache, where it costs less than a
+wait for the disk, as does one that the file system refuses `O_DIRECT` for (EINVAL: tmpfs
+before Linux 6.6, some network file systems).
 
 Its pages are touched as the buffer is made (`madvise(MADV_POPULATE_WRITE)`, or a byte a page
 on a kernel older than 5.14), so that a worker that makes it before its run's clock starts
-(`Snapshotter.prepare`) does not pay the first touch inside its first snapshot: 11,000 page
-faults and 37-117 ms of CPU for a 45 MB model on this VM, on the training thread, 0.15-0.45 s
-at a quarter of a core, in the run's first seconds.
+(`Snapshotter.prepare`) does not pay the first touch inside its first snapshot. The figures:
+docs/design.md, "Snapshots past the page cache".
 """
 
 from __future__ import annotations
