@@ -72,4 +72,4 @@ def test_list_names_every_suite(capsys):
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == ["headline", "smoke", "homogeneous", "deterministic", "random", "scaling",
                      "everything", "regimes", "regimes-small", "paper", "scaling-sim", "gpu",
-                     "real", "real-small", "epochs"]
+                     "real", "real-small", "epochs", "epochs-lm"]
