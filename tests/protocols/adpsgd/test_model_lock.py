@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 
 import pytest
 import torch
@@ -121,6 +122,7 @@ def test_snapshots_and_checkpoints_of_a_training_passive_worker_hold_no_part_of_
             opt.zero_grad()
             model(torch.ones(1, 1000)).sum().backward()
             opt.step()
+            time.sleep(0.06)  # a step as long as `eval_every`: the next one's snapshot is due
             if opt.iteration % 2 == 0:
                 checkpoints.append(_mixed(_checkpoint(opt, model, (0, 0), None)["model"]))
     opt.close()
