@@ -60,7 +60,7 @@ class SimChannel:
         self.count(step, payload)
         return arrival
 
-    def occupy(self, arrival: float, then: Callable[..., None], *args: Any) -> None:
+    def busy_with(self, arrival: float, then: Callable[..., None], *args: Any) -> None:
         """A serving thread that sent a message arriving at `arrival` is busy until it has
         left this worker's NIC (its arrival less the latency): `then(*args)` runs then."""
         sim = self.sim

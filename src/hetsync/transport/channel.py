@@ -324,7 +324,7 @@ class Channel:
         """The modelled seconds of `pattern`'s messages of `nbytes` real bytes."""
         return self.network.duration(pattern(self.declared(nbytes)))
 
-    def occupy(self, pattern: Pattern, nbytes: float) -> None:
+    def busy_with(self, pattern: Pattern, nbytes: float) -> None:
         """A serving thread takes part in `pattern`'s messages of `nbytes` real bytes, one
         operation at a time: it is busy for their modelled time."""
         self.network.occupy(pattern(self.declared(nbytes)))

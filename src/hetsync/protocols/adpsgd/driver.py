@@ -317,7 +317,7 @@ class ADPSGD(Protocol):
                     continue
                 self._started.wait()
                 # the request's bytes come in, one at a time
-                self.channel.occupy(partial(point_to_point, source, rank), self._wire_bytes)
+                self.channel.busy_with(partial(point_to_point, source, rank), self._wire_bytes)
                 with self.cond:
                     self._execute(self.core.handle(RequestReceived(src=source,
                                                                    iteration=header.iteration)))
@@ -337,7 +337,7 @@ class ADPSGD(Protocol):
                     self._execute(self.core.handle(Served(src=source)))
                 self.channel.pack(self.frame, Header().encode(), () if encoded is None else
                                   (encoded,), out=reply, feedback="served")
-                self.channel.occupy(partial(point_to_point, rank, source), self._wire_bytes)
+                self.channel.busy_with(partial(point_to_point, rank, source), self._wire_bytes)
                 if self.channel.send(None, reply, source, _REPLY_TAG):
                     self._served = reply  # sent: free again
         except BaseException as error:  # noqa: BLE001 - re-raised on the training thread

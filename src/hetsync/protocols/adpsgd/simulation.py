@@ -106,7 +106,7 @@ class ADPSGDSimWorker(SimWorker):
             self.peers[client]._reply[self.rank] = sim.math.serve(self.rank, client)
         self.peers[client]._answered.add(self.rank)
         arrival = self.channel.send(None, client, ReplyReceived(src=self.rank))
-        self.channel.occupy(arrival, self.receive, Served(src=client))
+        self.channel.busy_with(arrival, self.receive, Served(src=client))
 
     def on_load_average(self, decision: LoadAverage) -> None:
         self._answered.discard(decision.partner)

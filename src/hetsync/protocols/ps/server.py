@@ -246,7 +246,7 @@ class Server:
             for src, buf in pushes:
                 bye = PushHeader.decode(self.frame, buf).bye
                 if not bye:  # pushes queue at rank 0's NIC
-                    self.channel.occupy(partial(point_to_point, src, 0), self._wire_bytes)
+                    self.channel.busy_with(partial(point_to_point, src, 0), self._wire_bytes)
                 with self.cond:  # the core drops what a lost worker sent before its loss
                     if bye:
                         self.remote.discard(src)
@@ -354,7 +354,7 @@ class Server:
         try:
             with self.send_lock:
                 for rank, reply in remote:  # replies leave rank 0's NIC one by one
-                    self.channel.occupy(partial(point_to_point, 0, rank), self._wire_bytes)
+                    self.channel.busy_with(partial(point_to_point, 0, rank), self._wire_bytes)
                     if self.channel.send(None, reply, rank, PULL_TAG):
                         sent += reply.numel() * reply.element_size()
         finally:
