@@ -59,7 +59,7 @@ class Channel:
         self.codec_time = codec_time if codec_time is not None else Seconds()
         """Seconds spent encoding and decoding (the row's `codec_s`: compression's own cost)."""
         self.rank = runtime.rank
-        self._residuals: dict[str, tuple[Residual, Residual]] = {}
+        self._residuals: dict[str, Residual] = {}
         self._held_lock = threading.Lock()
         self._held_until = 0.0  # the latest modelled arrival `arrive` holds a message until
 
@@ -114,9 +114,8 @@ class Channel:
         format. Receive buffers are made for this one (`empty`)."""
         if self.codec.lossless or frame.numel == 0:
             return frame
-        if self.codec.kind in ("bf16", "fp16"):
-            dtype = torch.bfloat16 if self.codec.kind == "bf16" else torch.float16
-            return Frame(frame.words, frame.numel, dtype)
+        if self.codec.half is not None:
+            return Frame(frame.words, frame.numel, self.codec.half)
         return Frame(frame.words, self.codec.nbytes(frame.numel, frame.dtype), torch.uint8)
 
     def empty(self, frame: Frame) -> torch.Tensor:
@@ -140,13 +139,8 @@ class Channel:
             values = self.link.flat(tensors).to(torch.float32)
         else:  # encoded where the model is (a GPU): a quarter of the bytes cross to the wire
             values = torch.cat([t.detach().reshape(-1).to(torch.float32) for t in tensors])
-        if feedback is not None:
-            residual = self._residuals.setdefault(feedback, (Residual(), Residual()))[0]
-            residual.add_into(values)
-            data = self.codec.encode(values)
-            residual.keep(values, self.codec.decode(data, torch.empty_like(values)))
-        else:
-            data = self.codec.encode(values)
+        data = (self.codec.encode(values) if feedback is None
+                else self.codec.encode_fed_back(values, self._residual(feedback)))
         wire.payload(message).view(torch.uint8).copy_(data.to(message.device))
         self.codec_time.add(time.perf_counter() - began)
         return message
@@ -240,9 +234,13 @@ class Channel:
         if self.codec.lossless:
             self.link.all_reduce(flat)
             return flat.numel() * flat.element_size()
-        own, part = self._residuals.setdefault(key, (Residual(), Residual()))
-        return compressed_all_reduce(self.link, self.codec, flat, exact_tail, own, part,
-                                     self.codec_time)
+        return compressed_all_reduce(self.link, self.codec, flat, exact_tail,
+                                     self._residual(f"{key}/own"),
+                                     self._residual(f"{key}/share"), self.codec_time)
+
+    def _residual(self, name: str) -> Residual:
+        """The error feedback of the quantity `name` this channel sends again and again."""
+        return self._residuals.setdefault(name, Residual())
 
     # --- point to point -----------------------------------------------------------------------
     def post(self, step: Step | None, sends: Transfers, receives: Transfers,
@@ -330,8 +328,8 @@ class Channel:
         self.network.occupy(pattern(self.declared(nbytes)))
 
     def occupy_control(self, messages: Sequence[Message]) -> None:
-        """`occupy` for control messages (a Group Generator's answer, a token): charged their
-        own real size, which `--payload` does not scale."""
+        """`busy_with` for control messages (a Group Generator's answer, a token): charged
+        their own real size, which `--payload` does not scale."""
         self.network.occupy(messages)
 
     def arrive(self, src: int, nbytes: float, copies: int, sent: float) -> None:
@@ -392,7 +390,7 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
         codec.decode(piece[:wire], sent_body[j * share : (j + 1) * share])
         piece[wire : wire + 4 * exact_tail].view(torch.float32).copy_(tail)
     own.keep(body, sent_body)
-    received = link.on_wire(torch.empty_like(send))
+    received = link.zeros(k * block, torch.uint8)  # on the wire, for the all-to-all
     coding = time.perf_counter() - began
     link.all_to_all(received, link.on_wire(send))
     began = time.perf_counter()
@@ -402,13 +400,10 @@ def compressed_all_reduce(link: Link, codec: Codec, flat: torch.Tensor, exact_ta
         piece = received[j * block : (j + 1) * block].to(flat.device)
         total[:share].add_(codec.decode(piece[:wire], decoded))
         total[share:].add_(piece[wire : wire + 4 * exact_tail].view(torch.float32))
-    summed = total[:share]
-    part.add_into(summed)
     mine = torch.empty(block, dtype=torch.uint8, device=flat.device)
-    codec.encode(summed, out=mine[:wire])
-    part.keep(summed, codec.decode(mine[:wire], decoded))
+    codec.encode_fed_back(total[:share], part, out=mine[:wire])
     mine[wire : wire + 4 * exact_tail].view(torch.float32).copy_(total[share:])
-    gathered = link.on_wire(torch.empty(k * block, dtype=torch.uint8, device=flat.device))
+    gathered = link.zeros(k * block, torch.uint8)
     coding += time.perf_counter() - began
     link.all_gather(gathered, link.on_wire(mine))
     began = time.perf_counter()

@@ -94,19 +94,19 @@ class Codec:
                 out[whole:].copy_(q[whole:].float() * scales[-1])
         return out
 
-    def round_trip(self, values: torch.Tensor, residual: Residual | None = None) -> torch.Tensor:
-        """`values` as the receiver will decode them (in place), the error kept in
-        `residual` for the next call where one is given (error feedback)."""
-        if self.kind == "none":
-            return values
-        if residual is not None:
-            residual.add_into(values)
-        wire = self.encode(values)
-        if residual is None:
-            return self.decode(wire, values)
-        sent = self.decode(wire, torch.empty_like(values))
-        residual.keep(values, sent)
-        return values.copy_(sent)
+    def encode_fed_back(self, values: torch.Tensor, residual: Residual,
+                        out: torch.Tensor | None = None) -> torch.Tensor:
+        """`encode`, with error feedback: `residual`'s error is added to `values` (in place)
+        first, and the error of this encoding kept in it for the next."""
+        residual.add_into(values)
+        wire = self.encode(values, out=out)
+        residual.keep(values, self.decode(wire, torch.empty_like(values)))
+        return wire
+
+    @property
+    def half(self) -> torch.dtype | None:
+        """The 16-bit dtype values travel in (bf16, fp16), None for the other codecs."""
+        return _HALF.get(self.kind)
 
 
 @dataclass

@@ -318,11 +318,8 @@ class _Scatter(PReducer):
         for j, _ in peers:
             mean.add_(codec.decode(received[blocks[j]], share))
         mean.div_(k)
-        residual = self._means.setdefault((k, me), Residual())
-        residual.add_into(mean)
         mine = send[blocks[me]]  # this member's block, not sent in the first round
-        codec.encode(mean, out=mine)
-        residual.keep(mean, codec.decode(mine, share))
+        codec.encode_fed_back(mean, self._means.setdefault((k, me), Residual()), out=mine)
         self.link.exchange([(mine, peer) for _, peer in peers],
                            [(received[blocks[j]], peer) for j, peer in peers], tag)
         for j in range(k):
