@@ -117,8 +117,8 @@ class SyncOptimizer(torch.optim.Optimizer):
             raise _closure_refused(protocol_class, optimizer)
         if contiguous:  # every protocol then packs, averages and unpacks the model in one
             lay_out(model_tensors(model))  # operation, not one per tensor (transport.contiguous)
-        if self.runtime.world_size > 1:  # every worker starts from rank 0's model
-            broadcast_model(model, self.runtime.links.direct)
+        if self.runtime.world_size > 1 and not self.runtime.rejoining:  # from rank 0's model
+            broadcast_model(model, self.runtime.links.direct)  # (a restarted one: a live one)
         self.optimizer = optimizer
         self.protocol: Protocol = protocol_class(self.runtime, model, optimizer)
         self.protocol.network.background_wait = self._emulated_wait  # its threads' waits too
@@ -152,9 +152,13 @@ class SyncOptimizer(torch.optim.Optimizer):
         self._evaluation = self._start_evaluation(evaluate) if not snapshots else None
         # From here: the rows' CPU is the run's, not the set-up's (a touched heap among it).
         self._thread_cpu = ThreadCpu() if run_dir else None
+        if self.runtime.membership is not None:  # a donor hands its state to restarted workers
+            self.runtime.membership.state_source = self._live_state
         self.runtime.start_clock()
         join_cpu_quota()  # a `cpu:` straggler's quota acts on its training, not its start-up
         self._step: Step | None = self._new_step()
+        if self.runtime.rejoining:
+            self._rejoin()
         self._heartbeat("compute")
         self.runtime.exit_hooks.append(self._close_at_exit)  # a script that never closes it
 
@@ -487,6 +491,30 @@ class SyncOptimizer(torch.optim.Optimizer):
         self.protocol.load_state_dict(saved["protocol"])
         self.protocol.go_on_from(self._base)
         self._heartbeat("compute")
+
+    def _live_state(self) -> dict[str, Any]:
+        """What a restarted worker needs to go on with the run from this worker's state, at
+        a step boundary (a collective of the step given up: the model not yet stepped): the
+        model, the inner optimizer's state, and where the step counts are."""
+        with self.protocol.model_lock():
+            model = {k: v.detach().cpu().clone() for k, v in self._raw_model.state_dict().items()}
+        return {"model": model, "optimizer": self.optimizer.state_dict(),
+                "iteration": self.iteration,
+                "base": self._base + self.iteration - self._resumed_at}
+
+    def _rejoin(self) -> None:
+        """A restarted worker takes a member's live state (hetsync.transport.membership) and
+        goes on from its iteration, as a resumed run goes on from a checkpoint's."""
+        assert self.runtime.membership is not None
+        live = self.runtime.membership.receive_state()
+        self._raw_model.load_state_dict(live["model"])
+        self.optimizer.load_state_dict(live["optimizer"])
+        self._resume({"iteration": live["iteration"], "base": live["base"],
+                      "elapsed": self.runtime.elapsed(), "protocol": {}})
+        print(f"hetsync: rank {self.runtime.rank} rejoined the run at iteration "
+              f"{self.iteration} with rank {self.runtime.membership.current.donor}'s model "
+              f"(generation {self.runtime.membership.current.number})", file=sys.stderr,
+              flush=True)
 
     def _begin_sync(self, step: Step) -> None:
         """Pad the compute to the emulated step time, inject the slowdown, decide stopping.

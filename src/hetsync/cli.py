@@ -19,7 +19,7 @@ from pathlib import Path
 
 from hetsync.config import RunConfig, load_toml, option_fields
 from hetsync.errors import ConfigError, Deadlock, OutputFailed, WorkerFailed
-from hetsync.protocols.catalog import TOLERATE_LOSS
+from hetsync.protocols.catalog import REJOIN, TOLERATE_LOSS
 from hetsync.protocols.option_field import spec_of
 
 __all__ = ["main", "train_flags"]
@@ -87,9 +87,12 @@ _RUN_HELP = {
     "raise:rank=R,at=ITER | hang:rank=R,at=ITER | delay-messages:p=P,ms=M | "
     "slow-link:ranks=R[+R],at=T,bandwidth=B (needs --network), joined by ';' (tests, "
     "experiments)",
-    "on_failure": "a lost worker (dead, stopped or hung): stop the run, or continue without it "
-    f"({', '.join(TOLERATE_LOSS)}, some not under every option of theirs; see "
+    "on_failure": "a lost worker (dead, stopped or hung): stop the run, continue without it "
+    f"({', '.join(TOLERATE_LOSS)}, some not under every option of theirs), or restart it and "
+    f"have it rejoin the running run with a live model ({', '.join(REJOIN)}, on gloo; see "
     "docs/failures.md)",
+    "max_restarts": "--on-failure rejoin: restarts of one worker before the run goes on "
+    "without it",
     "quiet": "no progress bar",
     "keep_snapshots": "keep the model snapshots after evaluation",
     "script": "hetsync launch: your script and its arguments",

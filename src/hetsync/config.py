@@ -26,6 +26,7 @@ from hetsync.protocols.catalog import (
     GRAPH_PROTOCOLS,
     OPTIONS_OF,
     check_protocol_options,
+    check_rejoin,
     essential_ranks,
     option_owners,
 )
@@ -50,7 +51,7 @@ _CHOICES = {
     "weights": WEIGHTS,
     "backend": BACKENDS,
     "device": DEVICES,
-    "on_failure": ("stop", "continue"),
+    "on_failure": ("stop", "continue", "rejoin"),
     "eval_bn": ("recompute", "saved"),
     "sampler": ("static", "dynamic"),
     "compress": CODECS,
@@ -127,7 +128,11 @@ class _RunOptions:
     """Failures to inject on purpose (see hetsync.faults), for tests and experiments."""
     on_failure: str = "stop"
     """What a lost worker (dead, stopped, hung) does to the run: stop it, or continue without
-    the worker where the protocol can (see hetsync.protocols.catalog.essential_ranks)."""
+    the worker where the protocol can (see hetsync.protocols.catalog.essential_ranks), or
+    restart it and have it rejoin the running run (`rejoin`: hetsync.transport.membership)."""
+    max_restarts: int = 3
+    """`--on-failure rejoin`: how many times a worker is restarted before the run goes on
+    without it."""
     quiet: bool = False
     keep_snapshots: bool = False
     script: list[str] = field(default_factory=list)
@@ -293,6 +298,10 @@ class RunConfig(_RunOptions):
                                       f"(got {getattr(self, name)!r})")
         if self.on_failure == "continue":
             essential_ranks(self)
+        if self.max_restarts < 0:
+            raise ConfigError(f"--max-restarts must be 0 or more (got {self.max_restarts})")
+        if self.on_failure == "rejoin":
+            check_rejoin(self)
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ConfigError(f"--data-dir {self.data_dir} is not a directory")
         if self.script:

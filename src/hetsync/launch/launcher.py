@@ -37,6 +37,7 @@ from hetsync.launch.checkpoint import Resume, lost_before, prepare_resume
 from hetsync.launch.cpu_placement import CpuPlacement
 from hetsync.launch.monitor import Monitor, terminate
 from hetsync.launch.output import OutputRelay
+from hetsync.launch.restarts import Restarts
 from hetsync.malloc_settings import child_environment, keep_freed_memory
 from hetsync.metrics.evaluator import Evaluator, WorkloadMeasure
 from hetsync.metrics.script_evaluation import EvaluationThread, stop_at_target
@@ -161,19 +162,38 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
                   _start_evaluation(config, run_dir, control, placement.launcher_shares_a_worker))
     clock = _RunClock(control, resume[-1]["at_s"] if resume else 0.0)
 
+    rejoin = config.on_failure == "rejoin"
+    restarts = Restarts(control, config.workers, config.max_restarts,
+                        partial(_spawn_one, config, run_dir, store.port, placement),
+                        clock.elapsed) if rejoin else None
+
     def on_lost(rank: int, failure: WorkerFailed) -> None:
         elapsed = clock.elapsed()
         lost.append({"rank": rank, "reason": failure.reason,
                      "at_s": None if elapsed is None else round(elapsed, 3)})
         if evaluation is not None:
             evaluation.evaluator.lose(rank)
+        if restarts is not None:
+            restarts.after_loss(rank, failure, restarted)
+
+    def restarted(rank: int, proc: subprocess.Popen[bytes]) -> None:
+        monitor.restarted(rank, proc)
+        output.add(rank, proc)
+
+    def on_back(rank: int) -> None:
+        assert restarts is not None
+        restarts.back(rank)
+        if evaluation is not None:
+            evaluation.evaluator.rejoin(rank)
 
     if evaluation is not None:
         for rank in before:
             evaluation.evaluator.lose(rank)
-    essential = essential_ranks(config) if config.on_failure == "continue" else None
+    essential = (essential_ranks(config) if config.on_failure == "continue"
+                 else frozenset() if rejoin else None)
     monitor = Monitor(procs, control, run_dir / "logs", config.hang_timeout, output,
-                      essential=essential, on_lost=on_lost, lost=before)
+                      essential=essential, on_lost=on_lost, lost=before,
+                      on_back=on_back if rejoin else None, announce=not rejoin)
     bar = _progress_bar(config)
     faults = FaultPlan(parse_faults(config.fault))
     try:
@@ -197,6 +217,9 @@ def _run(config: RunConfig, run_dir: Path, extra: dict[str, Any],
     _warn_unprepared(monitor)
     reasons = [_stop_reason(control, r) for r in range(config.workers) if r not in monitor.lost]
     extra["redealt_items"] = control.add(REDEALT_KEY, 0)  # lost workers' claims dealt again
+    if restarts is not None:
+        extra["rejoined"] = restarts.records
+        extra["generations"] = restarts.generation.number
     summary = {**summarize(run_dir, config, next((r for r in reasons if r), None)), **extra}
     write_summary(run_dir, summary)
     return RunResult(run_dir, summary)
@@ -347,20 +370,24 @@ def _spawn(
     config: RunConfig, run_dir: Path, port: int, resume: Resume | None,
     placement: CpuPlacement,
 ) -> list[subprocess.Popen[bytes]]:
+    extra = resume.environment() if resume is not None else {}
+    return [_spawn_one(config, run_dir, port, placement, rank, extra)
+            for rank in range(config.workers)]
+
+
+def _spawn_one(config: RunConfig, run_dir: Path, port: int, placement: CpuPlacement,
+               rank: int, extra: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Worker `rank`'s process (at the start, or restarted: `extra` says which)."""
     command = (
         [sys.executable, *config.script]
         if config.script
         else [sys.executable, "-m", "hetsync.launch.worker"]
     )
-    procs = []
-    for rank in range(config.workers):
-        env = worker_environment(config, rank, run_dir, port, placement)
-        if resume is not None:
-            env.update(resume.environment())
-        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, preexec_fn=_die_with_parent))
-        placement.place(rank, procs[-1].pid)  # before it gets to training
-    return procs
+    env = {**worker_environment(config, rank, run_dir, port, placement), **extra}
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=_die_with_parent)
+    placement.place(rank, proc.pid)  # before it gets to training
+    return proc
 
 
 def _start_evaluation(config: RunConfig, run_dir: Path, control: dist.Store,

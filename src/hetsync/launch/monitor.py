@@ -82,6 +82,10 @@ class Monitor:
     """`--on-failure continue`: the ranks whose loss still ends the run; None: any does."""
     on_lost: Callable[[int, WorkerFailed], None] | None = None
     """Told of each worker lost (the launcher's evaluator and summary)."""
+    on_back: Callable[[int], None] | None = None
+    """Told of a restarted worker's first heartbeat (`--on-failure rejoin`)."""
+    announce: bool = True
+    """Say on the terminal that the run goes on without a lost worker (`continue`'s)."""
     lost: dict[int, WorkerFailed] = field(default_factory=dict)
     started: float = field(default_factory=time.monotonic)
     _beats: dict[int, str] = field(default_factory=dict)
@@ -97,6 +101,8 @@ class Monitor:
     """The CPU of each worker quiet in its own code, sampled since its last heartbeat."""
     _busy: dict[int, float] = field(default_factory=dict)
     """When each of those was last seen busy."""
+    _spawned: dict[int, float] = field(default_factory=dict)
+    """When each restarted worker was spawned (the others: `started`)."""
 
     def start_limits(self) -> tuple[float, float]:
         """The seconds a worker gets to join the run, and then to start training: a longer
@@ -128,10 +134,24 @@ class Monitor:
             self._changed[other] = now
         if self.output is not None:
             self.output.mute(keep=set(range(len(self.procs))) - set(self.lost))
-        tqdm.write(f"hetsync: worker rank {rank} {failure.reason}; going on without it "
-                   f"(--on-failure continue; details in logs/rank{rank}.*)", file=sys.stderr)
+        if self.announce:
+            tqdm.write(f"hetsync: worker rank {rank} {failure.reason}; going on without it "
+                       f"(--on-failure continue; details in logs/rank{rank}.*)", file=sys.stderr)
         if self.on_lost is not None:
             self.on_lost(rank, failure)
+
+    def restarted(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        """`rank` lost, and restarted as `proc` (`--on-failure rejoin`): watched afresh, from
+        its start-up on, as a worker of the run."""
+        self.procs[rank] = proc
+        self.lost.pop(rank, None)
+        for state in (self._beats, self._changed, self._activity, self._busy,
+                      self._stopped_since, self._joined):
+            state.pop(rank, None)  # type: ignore[attr-defined]
+        self._joining.discard(rank)
+        self._spawned[rank] = time.monotonic()
+        if self.output is not None:
+            self.output.mute(keep=set(range(len(self.procs))) - set(self.lost))
 
     def _check(self) -> bool:
         codes = [self._exit_code(rank) for rank in range(len(self.procs))]
@@ -169,7 +189,8 @@ class Monitor:
         join_limit, setup_limit = self.start_limits()
         now = time.monotonic()
         live = [r for r, c in enumerate(codes) if c is None and r not in self._beats]
-        late = [r for r in live if r not in self._joined and now - self.started > join_limit]
+        late = [r for r in live if r not in self._joined
+                and now - self._spawned.get(r, self.started) > join_limit]
         if late:
             never = [r for r in late if r not in self._joining]
             if never:  # the ranks in init() wait for it: the process group needs every rank
@@ -252,6 +273,8 @@ class Monitor:
             if not self.store.check([key]):
                 continue
             beat = self.store.get(key).decode()
+            if rank in self._spawned and rank not in self._beats and self.on_back is not None:
+                self.on_back(rank)  # a restarted worker's first: it trains again
             if beat != self._beats.get(rank):
                 self._beats[rank] = beat
                 self._changed[rank] = now

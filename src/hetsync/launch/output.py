@@ -91,6 +91,16 @@ class OutputRelay:
         self._thread = threading.Thread(target=self._loop, name="hetsync-output", daemon=True)
         self._thread.start()
 
+    def add(self, rank: int, proc: subprocess.Popen[bytes]) -> None:
+        """Relay `proc`, worker `rank` restarted, into the same logs/rank{r}.out."""
+        with self._closed:
+            self._open[rank] += 2
+        for pipe, to_stderr in ((proc.stdout, False), (proc.stderr, True)):
+            assert pipe is not None, f"worker rank {rank} was not spawned with pipes"
+            stream = _Stream(rank, to_stderr, self._copies[rank])
+            self._streams.append(stream)
+            self._selector.register(pipe, selectors.EVENT_READ, stream)
+
     def close(self, timeout: float = 2.0) -> None:
         """Show the last lines of workers that have exited; give up on pipes still open after
         `timeout` seconds (a child of a worker may hold them)."""

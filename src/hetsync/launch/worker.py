@@ -68,8 +68,11 @@ def train(config: RunConfig | None = None) -> SyncOptimizer:
     opt = hetsync.SyncOptimizer(inner, model, snapshots=True)
     if lost:
         os._exit(0)  # leave at once, as a lost worker left: no steps, rows or snapshots
-    epoch, batch = _resume(opt, model, saved) if saved is not None else (0, 0)
     per_epoch = shard.batches_per_epoch(batch_size)
+    if saved is not None:
+        epoch, batch = _resume(opt, model, saved)
+    else:  # a restarted worker goes on in its shard where the others are in theirs
+        epoch, batch = divmod(opt.iteration, per_epoch) if runtime.rejoining else (0, 0)
     drawn = epoch * per_epoch + batch
     if config.sampler == "static":
         batches = itertools.islice(local.batches(batch_size, epoch, batch), None

@@ -175,6 +175,10 @@ class Evaluator:
         for its snapshot, are the consensus of the others."""
         self.ranks = [r for r in self.ranks if r != rank]
 
+    def rejoin(self, rank: int) -> None:
+        """`rank` is back (`--on-failure rejoin`): later sets count it again."""
+        self.ranks = sorted({*self.ranks, rank})
+
     @classmethod
     def for_workload(
         cls, run_dir: Path, workload: Workload, world: int, eval_samples: int,

@@ -37,8 +37,9 @@ from hetsync.protocols.variant import NamedVariant
 if TYPE_CHECKING:
     from hetsync.protocols.run_options import RunOptions
 
-__all__ = ["BUILTIN", "CHECKED", "GRAPH_PROTOCOLS", "OPTIONS_OF", "PROTOCOL_OPTIONS", "SIMULATED",
-           "TOLERATE_LOSS", "all_variants", "check_protocol_options", "essential_ranks",
+__all__ = ["BUILTIN", "CHECKED", "GRAPH_PROTOCOLS", "OPTIONS_OF", "PROTOCOL_OPTIONS", "REJOIN",
+           "SIMULATED", "TOLERATE_LOSS", "all_variants", "check_protocol_options",
+           "check_rejoin", "essential_ranks",
            "option_clashes", "option_owners"]
 
 #: Names of the built-in protocols: the packages beside this module that have a driver.
@@ -111,6 +112,31 @@ def option_clashes(run_options: Iterable[str],
 #: whose options module has `tolerate_loss`.
 TOLERATE_LOSS = tuple(name for name, module in _MODULES.items()
                       if hasattr(module, "tolerate_loss"))
+
+
+#: The built-in protocols whose lost workers can rejoin the running run (`--on-failure
+#: rejoin`): those whose options module sets `REJOINS`, their core taking a new generation
+#: of the run's membership (hetsync.transport.membership).
+REJOIN = tuple(name for name, module in _MODULES.items() if getattr(module, "REJOINS", False))
+
+
+def check_rejoin(config: RunOptions) -> None:
+    """Refuse `--on-failure rejoin` where a restarted worker could not rejoin: a protocol
+    whose core takes no new membership yet, NCCL (a communicator cannot be re-formed around a
+    restarted process here: hetsync's generations are gloo groups), a lossy codec (its
+    all-to-all of shares is not generation-aware), or torchrun (whose agent restarts every
+    worker itself: there the restarted workers resume from their checkpoints)."""
+    if config.protocol not in REJOIN:
+        raise ConfigError(f"--on-failure rejoin: {config.protocol}'s workers cannot rejoin a "
+                          f"running run yet (its core takes no new membership); these can: "
+                          f"{', '.join(REJOIN)}; or use --on-failure continue")
+    if config.backend == "nccl":
+        raise ConfigError("--on-failure rejoin needs --backend gloo: a restarted worker joins a "
+                          "new generation of gloo groups, and an NCCL communicator is not "
+                          "re-formed around it")
+    if config.compress != "none":
+        raise ConfigError(f"--on-failure rejoin sends models as they are: --compress "
+                          f"{config.compress} is not generation-aware yet")
 
 
 #: The built-in protocols that average over a graph (`--topology`, `--weights`): those whose

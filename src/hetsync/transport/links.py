@@ -32,6 +32,7 @@ import torch.distributed as dist
 from hetsync.transport.contiguous import pieces, span
 from hetsync.transport.header import Frame
 from hetsync.transport.lost_workers import LostWorkers
+from hetsync.transport.membership import Membership
 
 __all__ = ["Link", "Links", "WireDeviceError", "bind_thread"]
 
@@ -61,6 +62,12 @@ class Link:
             raise ValueError(f"link {name!r}: only host buffers are pinned, not {device}'s")
         self.device = device
         self.lost = lost
+        self.members: tuple[int, ...] | None = None
+        """The run ranks of `group` in its rank order, where it is a generation's own group
+        (`regroup`); None: the run's ranks are its ranks."""
+        self.membership: Membership | None = None
+        """`--on-failure rejoin`: the run's generations, whose newest this link's collectives
+        give way to (`Membership.wait`)."""
         self.pinned = pinned
         """Host buffers are pinned (page-locked), for a model on a GPU: its copies to and from
         them are then asynchronous. Never for a model on the CPU, also on a machine with a
@@ -148,10 +155,20 @@ class Link:
             _synchronize([flat, *tensors])
 
     # --- operations -------------------------------------------------------------------------
+    def regroup(self, group: dist.ProcessGroup, members: tuple[int, ...]) -> None:
+        """Carry a new generation's `group`, whose ranks are the run's `members` in order
+        (hetsync.transport.membership): every user of this link changes with it."""
+        self.group, self.members = group, members
+
     def all_reduce(self, tensor: torch.Tensor, *, async_op: bool = False) -> dist.Work | None:
         """Sum `tensor` over the group, in place; with `async_op`, the Work (its
-        `get_future()` is what a DDP communication hook returns)."""
+        `get_future()` is what a DDP communication hook returns). Where the run has
+        generations, a wait that gives way to a newer one raises `Regrouped` (`tensor` is
+        then partly reduced: the caller contributes it again)."""
         self.check(tensor, "all_reduce")
+        if self.membership is not None and not async_op:
+            self.membership.wait(dist.all_reduce(tensor, group=self.group, async_op=True))
+            return None
         work = dist.all_reduce(tensor, group=self.group, async_op=async_op)
         if not async_op:
             self._settle()
@@ -171,7 +188,14 @@ class Link:
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> None:
         self.check(tensor, "broadcast")
-        dist.broadcast(tensor, src, group=self.group)
+        if self.members is not None:  # a generation's group: torch knows no run ranks of it
+            work = self.group.broadcast(tensor, self.members.index(src))  # type: ignore[union-attr]
+            if self.membership is not None:
+                self.membership.wait(work)
+            else:
+                work.wait()
+        else:
+            dist.broadcast(tensor, src, group=self.group)
         self._settle()
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int = 0) -> None:
@@ -224,6 +248,8 @@ class Link:
 
     def world_size(self) -> int:
         """How many ranks the link's group has."""
+        if self.members is not None:
+            return len(self.members)
         return dist.get_world_size(self.group)
 
     def barrier(self) -> None:
@@ -260,14 +286,25 @@ class Links:
 
     @classmethod
     def of(cls, backend: str, device: torch.device, host_group: dist.ProcessGroup | None,
-           lost: LostWorkers | None) -> Links:
+           lost: LostWorkers | None, membership: Membership | None = None,
+           group: dist.ProcessGroup | None = None) -> Links:
         """The links of a run on `backend` whose compute device is `device`; `host_group`
         is the gloo group of all ranks under NCCL (None: the default group is gloo). Host
-        buffers are pinned where the model is on a GPU, and only there."""
+        buffers are pinned where the model is on a GPU, and only there. `membership`: the
+        run's generations (gloo only), whose current `group` (None: the default) the links
+        carry; a restarted worker's is the generation it joined."""
         staged = device.type == "cuda"  # its copies to host buffers: pinned ones
         wire = device if backend == "nccl" else _CPU
-        return cls(direct=Link("direct", None, wire, lost, pinned=staged and wire == _CPU),
-                   host=Link("host", host_group, _CPU, lost, pinned=staged))
+        links = cls(direct=Link("direct", group, wire, lost, pinned=staged and wire == _CPU),
+                    host=Link("host", host_group, _CPU, lost, pinned=staged))
+        if membership is not None:
+            assert host_group is None, "generations are gloo groups: one link, two names"
+            links = cls(direct=links.direct, host=links.direct)
+            links.direct.membership = membership
+            membership.links.append(links.direct)
+            if group is not None:
+                links.direct.members = membership.current.members
+        return links
 
 
 def bind_thread(device: torch.device) -> None:

@@ -32,6 +32,7 @@ from hetsync.faults import FaultPlan, MessageDelay, parse_faults
 from hetsync.transport.control import ControlChannel
 from hetsync.transport.links import Links, bind_thread
 from hetsync.transport.lost_workers import LostWorkers
+from hetsync.transport.membership import ENV_GENERATION, Generation, Membership
 from hetsync.transport.placement import place, visible_gpus
 
 __all__ = ["Runtime", "current_runtime", "join", "shutdown"]
@@ -82,6 +83,10 @@ class Runtime:
     """Set once `t0` is the run's (receiver threads may get a message before that)."""
     lost: LostWorkers | None = None
     """Under `--on-failure continue`, the workers lost from the run; None: a loss ends it."""
+    membership: Membership | None = None
+    """Under `--on-failure rejoin`, the run's generations (hetsync.transport.membership)."""
+    rejoining: bool = False
+    """A restarted worker, joining a running run: it takes the live state from a member."""
     message_delay: MessageDelay | None = None
     """`--fault delay-messages`: holds some of this worker's messages back."""
     links: Links = dataclasses.field(default_factory=Links)
@@ -100,9 +105,17 @@ class Runtime:
     def elapsed(self) -> float:
         return time.time() - self.t0
 
+    def members(self) -> tuple[int, ...]:
+        """The run's ranks in its current membership (all of them but where a generation of
+        `--on-failure rejoin` left some out)."""
+        if self.membership is not None:
+            return self.membership.current.members
+        return tuple(range(self.world_size))
+
     def start_clock(self) -> None:
-        """Barrier, then every rank takes rank 0's clock as the origin of the time axis."""
-        if self.world_size > 1:
+        """Barrier, then every rank takes rank 0's clock as the origin of the time axis (a
+        restarted worker takes it without a barrier: the others are training)."""
+        if self.world_size > 1 and not self.rejoining:
             self.links.direct.barrier()
         if self.rank == 0:
             self.store.set("t0", repr(time.time()))
@@ -156,7 +169,7 @@ class Runtime:
         began = time.monotonic()
         while True:
             lost = self.lost.refresh() if self.lost is not None else frozenset()
-            waiting = [r for r in range(self.world_size)
+            waiting = [r for r in self.members()
                        if r not in lost and not self.store.check([f"left/{r}"])]
             if not waiting:
                 return
@@ -202,7 +215,22 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
         run_dir = Path(config.out)
     launched = ENV_STORE_PORT in os.environ
     timeout = pg_timeout(launched, config.hang_timeout)
-    if launched:
+    membership: Membership | None = None
+    group: dist.ProcessGroup | None = None
+    rejoining = launched and ENV_GENERATION in os.environ
+    if config.on_failure == "rejoin" and not launched and world > 1:
+        raise ConfigError("--on-failure rejoin needs hetsync's launcher (hetsync train or "
+                          "launch), which restarts lost workers; under torchrun its agent "
+                          "restarts them, and they resume from their checkpoints")
+    if rejoining:  # restarted: the others are in a generation past the default group's
+        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"),
+                              int(os.environ[ENV_STORE_PORT]), is_master=False, timeout=timeout)
+        dist.PrefixStore("hetsync", store).set(JOINING_KEY.format(rank=rank), "")
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        membership, group = Membership.join_generation(
+            dist.PrefixStore("hetsync", store), dist.PrefixStore("pg", store), rank, timeout,
+            _confirm_s(config.hang_timeout), int(os.environ[ENV_GENERATION]))
+    elif launched:
         store: dist.Store = dist.TCPStore(
             os.environ.get("MASTER_ADDR", "127.0.0.1"),
             int(os.environ[ENV_STORE_PORT]),
@@ -234,6 +262,9 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     control = dist.PrefixStore("hetsync", store)
     lost = (LostWorkers(control, world, config.hang_timeout)
             if config.on_failure == "continue" else None)
+    if config.on_failure == "rejoin" and membership is None and world > 1:
+        membership = Membership(control, dist.PrefixStore("pg", store), rank, timeout,
+                                _confirm_s(config.hang_timeout), Generation(0, tuple(range(world))))
     if lost is not None and not launched and world > 1:
         raise ConfigError("--on-failure continue needs hetsync's launcher (hetsync train or "
                           "launch), which detects lost workers; under torchrun use its own "
@@ -242,7 +273,8 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
         rank=rank, world_size=world, local_rank=local_rank, device=device, backend=backend,
         config=config, store=control, t0=time.time(), run_dir=run_dir, launched=launched,
         hang_timeout=config.hang_timeout,
-        lost=lost, links=Links.of(backend, device, host_group, lost),
+        lost=lost, links=Links.of(backend, device, host_group, lost, membership, group),
+        membership=membership, rejoining=rejoining,
         message_delay=FaultPlan(parse_faults(config.fault)).message_delay(rank, config.seed),
     )
     _install_failure_reporting(_RUNTIME)
@@ -251,6 +283,12 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     if launched:  # after the hooks: the monitor may now ask for its stack (SIGUSR1)
         control.set(JOINED_KEY.format(rank=rank), "")
     return _RUNTIME
+
+
+def _confirm_s(hang_timeout: float) -> float:
+    """How long a collective that failed waits for the launcher's new generation: its
+    detection of a dead or hung peer takes up to `hang_timeout`, and a restart's spawn."""
+    return hang_timeout + 10.0
 
 
 def pg_timeout(launched: bool, hang_timeout: float) -> datetime.timedelta:

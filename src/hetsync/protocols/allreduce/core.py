@@ -28,7 +28,7 @@ from hetsync.cores.events import FROZEN
 __all__ = [
     "AllReduceDecisionHandler", "AllReduceRound", "AllReduceState", "AllReduceWorker",
     "Completed", "Contributed", "Decision", "Finish", "GradientsReady", "Reduce", "Reduced",
-    "dispatch",
+    "Regrouped", "dispatch",
 ]
 
 
@@ -47,6 +47,16 @@ class Reduced:
 
     iteration: int
     votes: int
+
+
+@dataclass(**FROZEN)
+class Regrouped:
+    """The run's membership changed to `world` workers (a new generation, `--on-failure
+    rejoin`), the collective of `iteration` given up if one was under way: a worker restarted
+    and back, or one that will not come back left out."""
+
+    iteration: int
+    world: int
 
 
 @dataclass(**FROZEN)
@@ -118,7 +128,7 @@ class AllReduceState(Enum):
     ERROR = "error"  # a misuse or a broken invariant; every call raises
 
 
-class AllReduceWorker(Core[GradientsReady | Reduced, Decision]):
+class AllReduceWorker(Core[GradientsReady | Reduced | Regrouped, Decision]):
     """One worker's all-reduce decisions (see the module doc)."""
     REFUSING = frozenset({"ERROR", "DONE"})  # a finished run takes no more events
 
@@ -129,6 +139,7 @@ class AllReduceWorker(Core[GradientsReady | Reduced, Decision]):
         self.state = AllReduceState.IDLE
         self.iteration = 0
         """The iteration reducing, or the last finished."""
+        self._vote = 0  # this worker's vote in the iteration reducing
 
     @property
     def divisor(self) -> int:
@@ -139,14 +150,21 @@ class AllReduceWorker(Core[GradientsReady | Reduced, Decision]):
     def who(self) -> str:
         return f"allreduce rank {self.rank}"
 
-    def _handle(self, event: GradientsReady | Reduced) -> list[Reduce | Finish]:
+    def _handle(self, event: GradientsReady | Reduced | Regrouped) -> list[Reduce | Finish]:
         if isinstance(event, GradientsReady):
             if self.state is not AllReduceState.IDLE or event.iteration <= self.iteration:
                 raise self._local(event)
             self.iteration = event.iteration
             self.state = AllReduceState.REDUCING
-            return [Reduce(iteration=event.iteration, divisor=self.world,
-                           vote=1 if event.wants_stop else 0)]
+            self._vote = 1 if event.wants_stop else 0
+            return [Reduce(iteration=event.iteration, divisor=self.world, vote=self._vote)]
+        if isinstance(event, Regrouped):
+            if event.world < 1 or event.iteration != self.iteration:
+                raise self._local(event)
+            self.world = event.world
+            if self.state is not AllReduceState.REDUCING:
+                return []
+            return [Reduce(iteration=event.iteration, divisor=self.world, vote=self._vote)]
         if isinstance(event, Reduced):
             if self.state is not AllReduceState.REDUCING or event.iteration != self.iteration:
                 raise self._local(event)

@@ -30,11 +30,13 @@ from hetsync.protocols.allreduce.core import (
     GradientsReady,
     Reduce,
     Reduced,
+    Regrouped,
     dispatch,
 )
 from hetsync.protocols.base import Closures, Protocol, Step
 from hetsync.protocols.registry import register_protocol
 from hetsync.transport.contiguous import span
+from hetsync.transport.membership import Regrouped as NewGeneration
 from hetsync.transport.runtime import Runtime
 
 
@@ -48,7 +50,8 @@ class AllReduce(Protocol):
         self, runtime: Runtime, model: nn.Module, optimizer: torch.optim.Optimizer
     ) -> None:
         super().__init__(runtime, model, optimizer)
-        self.core = AllReduceWorker(runtime.rank, runtime.world_size)
+        members = runtime.members()
+        self.core = AllReduceWorker(members.index(runtime.rank), len(members))
         self.link = runtime.links.direct
         self.channel = self.open_channel(self.link)
         self._flat: torch.Tensor | None = None
@@ -68,8 +71,15 @@ class AllReduce(Protocol):
     # --- the core's decisions (`AllReduceDecisionHandler`), for `_step` ----------------------
     def on_reduce(self, reduce: Reduce) -> None:
         """All-reduce the gradients, the buffers and the vote; the gradients are then the
-        mean, and the core says whether to stop."""
+        mean, and the core says whether to stop. Where the run's membership changes in the
+        collective (`--on-failure rejoin`), the core decides the contribution again."""
         self._reduced(self._all_reduce(self._step, reduce.divisor, reduce.vote))
+
+    def _regrouped(self, change: NewGeneration) -> int:
+        """The core's divisor in the run's new generation (its `Reduce` again)."""
+        world = len(change.generation.members)
+        decisions = self.core.handle(Regrouped(iteration=self.core.iteration, world=world))
+        return next((d.divisor for d in decisions if isinstance(d, Reduce)), self.core.divisor)
 
     def closure_evaluated(self, step: Step) -> None:
         """A closure's later evaluation: its gradients and buffers averaged as the first's,
@@ -84,12 +94,21 @@ class AllReduce(Protocol):
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in params if p.grad is not None]
         buffers = [b for b in self.model.buffers() if b.is_floating_point()]
-        world = self.runtime.world_size
-        if world == 1:  # alone, nothing to average: the real suites' solo reference
+        if self.link.world_size() == 1:  # alone, nothing to average: the solo reference
             return vote
         flat, held = self._gather(grads, buffers, vote)
-        flat[:-1].div_(divisor)
-        self.channel.all_reduce(step, flat, "allreduce", exact_tail=1)
+        kept = flat.clone() if self.runtime.membership is not None else None
+        while True:
+            flat[:-1].div_(divisor)
+            try:
+                self.channel.all_reduce(step, flat, "allreduce", exact_tail=1)
+                break
+            except NewGeneration as change:  # partly reduced: contributed again, from `kept`
+                assert kept is not None
+                flat.copy_(kept)
+                divisor = self._regrouped(change)
+                if self.link.world_size() == 1:
+                    break
         with torch.no_grad():
             self._scatter(flat, params, grads, buffers, held)
         return round(float(flat[-1]))
