@@ -3,6 +3,8 @@ tests/transport/test_placement.py)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hetsync.config import RunConfig
@@ -52,3 +54,17 @@ def test_a_misspelt_option_set_as_an_attribute_is_refused():
     with pytest.raises(AttributeError, match="^RunConfig has no option 'max_gpa'$"):
         config.max_gpa = 5
     assert not hasattr(config, "max_gpa")
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    ({"protocol": "hop"}, "hop's workers cannot rejoin a running run yet"),
+    ({"protocol": "ddp"}, "these can: allreduce"),
+    ({"backend": "nccl"}, "--on-failure rejoin needs --backend gloo"),
+    ({"compress": "int8"}, "--compress int8 is not generation-aware"),
+    ({"max_restarts": -1}, "--max-restarts must be 0 or more"),
+])
+def test_rejoin_is_refused_where_a_restarted_worker_could_not_rejoin(options, message):
+    config = RunConfig(**{"protocol": "allreduce", "workers": 4, "on_failure": "rejoin",
+                          **options})
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        config.validate()

@@ -14,6 +14,7 @@ from hetsync.protocols.allreduce.core import (
     GradientsReady,
     Reduce,
     Reduced,
+    Regrouped,
 )
 
 
@@ -82,3 +83,24 @@ def test_round_refuses(assert_refused):
     round_.handle(Contributed(rank=0, iteration=1, vote=1))
     with pytest.raises(LocalProtocolError, match="DONE"):
         round_.handle(Contributed(rank=0, iteration=2, vote=0))
+
+
+def test_a_new_generation_mid_collective_contributes_again_with_its_divisor():
+    worker = AllReduceWorker(rank=0, world=4)
+    assert worker.handle(GradientsReady(iteration=1, wants_stop=True)) == [
+        Reduce(iteration=1, divisor=4, vote=1)]
+    # rank 2 lost and not back: three left, the same vote contributed again
+    assert worker.handle(Regrouped(iteration=1, world=3)) == [
+        Reduce(iteration=1, divisor=3, vote=1)]
+    assert worker.handle(Reduced(iteration=1, votes=1)) == [Finish(iteration=1, stop=True)]
+
+
+def test_a_new_generation_between_steps_changes_the_next_divisor_only():
+    worker = AllReduceWorker(rank=1, world=3)
+    worker.handle(GradientsReady(iteration=1, wants_stop=False))
+    worker.handle(Reduced(iteration=1, votes=0))
+    assert worker.handle(Regrouped(iteration=1, world=4)) == []  # a worker back: 4 again
+    assert worker.handle(GradientsReady(iteration=2, wants_stop=False)) == [
+        Reduce(iteration=2, divisor=4, vote=0)]
+    with pytest.raises(LocalProtocolError):
+        worker.handle(Regrouped(iteration=1, world=4))  # an old iteration's news: a bug
