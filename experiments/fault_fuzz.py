@@ -17,6 +17,13 @@ A case passes when the run ends as promised, within a generous outer timeout (no
 and in both cases a summary.json that is strict JSON (no NaN), that `hetsync report` accepts,
 and no process of the run left (scanned in /proc by the run's folder in HETSYNC_RUN_DIR).
 
+With `--rejoin`, the cases are All-Reduce's under `--on-failure rejoin`: the same draws of
+workers, lengths and faults, plus a second kill of the same rank now and then (a worker that
+fails again) and `--max-restarts` 0-3. Such a case passes when it exits 0 at its own stop, every
+restart's worker came back (or was lost again before), no rank was restarted more than
+--max-restarts times, and the members' final models are identical (consensus distance 0: a
+rejoined worker took the others' model, not a fresh one).
+
 Prints each failing case's seed and exact command; writes results.json and results.md
 (counts by variant and outcome, each failure classified) under --out after every case, so an
 interrupted fuzz keeps what it measured. About 15 s a case on 2 idle cores, a minute when
@@ -83,12 +90,18 @@ class Case:
     essential_lost: int | None
     """An essential rank the faults take away: the run must fail naming it."""
     loss_at_s: float
+    max_restarts: int | None = None
+    """`--on-failure rejoin`'s cases: their --max-restarts (None: a `continue` case)."""
 
     def args(self, out: Path) -> list[str]:
-        args = ["train", *train_flags(VARIANTS[self.variant].run_options), "--workload", "svm",
+        options = (VARIANTS[self.variant].run_options if self.max_restarts is None else {})
+        failure = (["--on-failure", "continue"] if self.max_restarts is None else
+                   ["--protocol", self.variant, "--on-failure", "rejoin",
+                    "--max-restarts", str(self.max_restarts)])
+        args = ["train", *train_flags(options), "--workload", "svm",
                 "--workers", str(self.workers), "--step-time", f"{self.step_ms:g}",
                 "--max-iterations", str(self.iterations), "--max-time", "60",
-                "--on-failure", "continue", "--hang-timeout", f"{HANG_TIMEOUT:g}",
+                *failure, "--hang-timeout", f"{HANG_TIMEOUT:g}",
                 "--seed", str(self.seed * 100_000 + self.index), "--quiet", "--overwrite",
                 "--out", str(out)]
         if self.slowdown != "none":
@@ -134,6 +147,32 @@ def draw(seed: int, index: int, variants: list[str]) -> Case:
                       f"ms={rng.choice((5, 20, 100))}")
     return Case(seed, index, variant, workers, iterations, step_ms, slowdown, faults,
                 [victim], victim if victim in essential else None, at)
+
+
+REJOIN_VARIANT = "allreduce"
+
+
+def draw_rejoin(seed: int, index: int) -> Case:
+    """Case `index` of a `--rejoin` fuzz: a kill or a stop for good of any rank, now and then
+    a second kill of it (a worker that fails again), a short stop of another, delays."""
+    rng = random.Random(f"fault-fuzz-rejoin/{seed}/{index}")
+    workers = rng.choice((3, 4, 4, 5))
+    iterations = rng.randrange(80, 201)
+    step_ms = rng.choice((10.0, 20.0))
+    victim = rng.randrange(workers)
+    at = round(rng.uniform(0.3, 2.5), 2)
+    kind = rng.choice(("kill", "kill", "stop"))
+    faults = [f"{kind}:rank={victim},at={at:g}s"]
+    if rng.random() < 0.3:  # killed again: once it is back, or while it restarts
+        faults.append(f"kill:rank={victim},at={at + rng.uniform(1.0, 8.0):.2f}s")
+    if rng.random() < 0.3:
+        other = rng.choice([r for r in range(workers) if r != victim])
+        faults.append(f"stop:rank={other},at={rng.uniform(0.2, 2.5):.2f}s,"
+                      f"for={rng.uniform(0.2, 1.5):.2f}s")
+    if rng.random() < 0.3:
+        faults.append(f"delay-messages:p={rng.choice((0.02, 0.1))},ms={rng.choice((5, 20))}")
+    return Case(seed, index, REJOIN_VARIANT, workers, iterations, step_ms, "none", faults,
+                [victim], None, at, max_restarts=rng.choice((0, 1, 3, 3)))
 
 
 @dataclass
@@ -200,7 +239,8 @@ def _log_tail(run_dir: Path) -> str:
 def known_defect(result: Outcome) -> str | None:
     """Which defect of issue 20 a failure looks like (the lead reruns these after the fixes)."""
     text = f"{result.last_line} {' '.join(result.problems)} {result.log_tail}"
-    protocol = VARIANTS[result.case.variant].protocol
+    variant = VARIANTS.get(result.case.variant)
+    protocol = variant.protocol if variant is not None else result.case.variant
     if "receiver thread failed" in text and "Connection closed by peer" in text:
         return "a receiver thread took a lost peer's closed connection for an error"
     if "at the end of the run" in text:
@@ -269,6 +309,9 @@ def run_case(case: Case, out: Path) -> Outcome:
 def _judge(case: Case, result: Outcome, summary: dict[str, Any]) -> None:
     """The run's end against what its faults promise."""
     problems = result.problems
+    if case.max_restarts is not None:
+        _judge_rejoin(case, result, summary)
+        return
     if case.essential_lost is not None:
         rank = case.essential_lost
         if result.exit == 1:
@@ -296,9 +339,37 @@ def _judge(case: Case, result: Outcome, summary: dict[str, Any]) -> None:
                         f"{case.lost_expected} were killed or stopped for good")
 
 
+def _judge_rejoin(case: Case, result: Outcome, summary: dict[str, Any]) -> None:
+    """A `--rejoin` case's end: see the module doc."""
+    problems = result.problems
+    if result.exit != 0:
+        problems.append(f"failed: exit status {result.exit} (expected the run to finish)")
+        return
+    reason = result.stop_reason or ""
+    if reason.startswith(("failed", "interrupted", "diverged")) or not reason:
+        problems.append(f"bad-stop: exit 0 with stop_reason {reason!r}")
+    records = summary.get("rejoined", [])
+    restarted = Counter(r["rank"] for r in records)
+    if any(rank not in case.lost_expected for rank in restarted):
+        problems.append(f"lost-healthy: ranks {sorted(restarted)} restarted, only "
+                        f"{case.lost_expected} were killed or stopped")
+    assert case.max_restarts is not None
+    if any(n > case.max_restarts for n in restarted.values()):
+        problems.append(f"restarts: {dict(restarted)} beyond --max-restarts {case.max_restarts}")
+    last = {r["rank"]: r for r in records}
+    stuck = [r for r in records if r["back_at_s"] is None and r is not last[r["rank"]]]
+    if stuck or any(r["back_at_s"] is None and r["lost_at_s"] is not None
+                    and (summary.get("wall_time_s") or 0) > r["lost_at_s"] + 30 for r in records):
+        problems.append(f"not-back: restarts that never trained again: {records}")
+    distance = summary.get("final_consensus_distance")
+    if distance not in (0, 0.0, None):
+        problems.append(f"apart: the members' final models are {distance} apart (expected 0)")
+
+
 def _table(results: list[Outcome], command: str) -> str:
     outcomes = sorted({r.outcome for r in results}, key=lambda o: (o not in OK, o))
-    variants = sorted({r.case.variant for r in results}, key=list(VARIANTS).index)
+    order = [*VARIANTS, REJOIN_VARIANT]
+    variants = sorted({r.case.variant for r in results}, key=order.index)
     counts = Counter((r.case.variant, r.outcome) for r in results)
     lines = [f"`{command}`", "", "| variant | cases | " + " | ".join(outcomes) + " |",
              "| --- " * (len(outcomes) + 2) + "|"]
@@ -319,9 +390,10 @@ def _table(results: list[Outcome], command: str) -> str:
 
 
 def fuzz(seed: int, indices: list[int], variants: list[str], out: Path,
-         budget_s: float | None = None, command: str = "") -> list[Outcome]:
+         budget_s: float | None = None, command: str = "", rejoin: bool = False
+         ) -> list[Outcome]:
     """Run the cases in turn, writing the results after each; stop starting new ones once
-    `budget_s` seconds have passed."""
+    `budget_s` seconds have passed. `rejoin`: `--on-failure rejoin` cases (`draw_rejoin`)."""
     out.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     results: list[Outcome] = []
@@ -329,7 +401,8 @@ def fuzz(seed: int, indices: list[int], variants: list[str], out: Path,
         if budget_s is not None and time.monotonic() - began > budget_s:
             print(f"budget of {budget_s:g} s spent: {len(results)} cases run", flush=True)
             break
-        result = run_case(draw(seed, index, variants), out)
+        case = draw_rejoin(seed, index) if rejoin else draw(seed, index, variants)
+        result = run_case(case, out)
         results.append(result)
         print(f"case {index} {result.case.variant} w{result.case.workers} "
               f"[{';'.join(result.case.faults)}] -> {result.outcome} ({result.seconds} s, "
@@ -358,6 +431,8 @@ def main() -> None:
     parser.add_argument("--case", type=int, help="run only this case (a replay)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated")
+    parser.add_argument("--rejoin", action="store_true",
+                        help="All-Reduce under --on-failure rejoin: kills followed by a return")
     parser.add_argument("--budget", type=float, help="start no case after this many seconds")
     parser.add_argument("--out", type=Path, default=Path("runs/fault-fuzz"))
     args = parser.parse_args()
@@ -369,7 +444,7 @@ def main() -> None:
         range(args.first, args.first + args.cases))
     command = "python " + shlex.join(["experiments/fault_fuzz.py", *sys.argv[1:]])
     print(f"seed {args.seed}: {command}", flush=True)
-    results = fuzz(args.seed, indices, variants, args.out, args.budget, command)
+    results = fuzz(args.seed, indices, variants, args.out, args.budget, command, args.rejoin)
     print(_table(results, command))
     print(f"results: {args.out / 'results.md'}")
     sys.exit(0 if all(r.outcome in OK for r in results) else 1)

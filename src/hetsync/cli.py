@@ -495,6 +495,11 @@ def _print_result(run_dir: Path, summary: dict[str, object]) -> None:
         redealt = summary.get("redealt_items")
         parts.append(f"{len(lost)} worker(s) lost (ranks {ranks}"
                      + (f"; {redealt} items of their claims dealt again)" if redealt else ")"))
+    back = [w for w in summary.get("rejoined") or [] if w.get("back_at_s") is not None]
+    if back:
+        down = sum(float(w["downtime_s"] or 0.0) for w in back)
+        parts.append(f"{len(back)} back after a restart (ranks "
+                     f"{', '.join(str(w['rank']) for w in back)}; {down:.1f} s down in all)")
     distance = summary.get("final_consensus_distance")
     if distance is not None:
         parts.append(f"final models {float(distance):.2g} apart (consensus distance)")
