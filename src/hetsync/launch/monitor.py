@@ -304,8 +304,10 @@ class Monitor:
         progress = self.progress()
         stopped = [r for r in live if _process_state(self.procs[r].pid) in ("T", "t")]
         computing = [r for r in stalled if progress.phases[r] != "sync"]
-        if not stopped and not computing and len(stalled) < active:
+        restarting = [r for r in self._spawned if r not in self._beats and codes[r] is None]
+        if not stopped and not computing and (len(stalled) < active or restarting):
             return  # they wait for a worker that still makes progress: slow, not deadlocked
+            # (or for a restarted one, which the start-up limits watch: `_check_start`)
         if self.output is not None:
             self.output.mute()
         if stopped:  # a stopped process cannot answer for its stack: the kernel says it

@@ -102,12 +102,15 @@ class Regrouped(Exception):  # noqa: N818 - not an error: the step goes on in a 
 class Membership:
     """A worker's view of the run's generations, and its part in changing them."""
 
-    def __init__(self, store: dist.Store, group_store: dist.Store, rank: int,
+    def __init__(self, store: dist.Store, group_store: Callable[[], dist.Store], rank: int,
                  timeout: datetime.timedelta, confirm_timeout: float,
                  generation: Generation) -> None:
         self._store = store
         self._group_store = group_store
-        """Where the generations' groups meet (the process groups' store, not the control's)."""
+        """A new client of the store where the generations' groups meet, one per group: a
+        group that never formed (a member died meanwhile) leaves its client blocked in a
+        wait, and a TCPStore client serves one call at a time (measured: the next group's
+        rendezvous over a shared client waited behind it for good)."""
         self.rank = rank
         self.timeout = timeout
         self.confirm_timeout = confirm_timeout
@@ -123,7 +126,7 @@ class Membership:
         self._waiter: threading.Thread | None = None
 
     @classmethod
-    def join_generation(cls, store: dist.Store, group_store: dist.Store, rank: int,
+    def join_generation(cls, store: dist.Store, group_store: Callable[[], dist.Store], rank: int,
                         timeout: datetime.timedelta, confirm_timeout: float,
                         number: int) -> tuple[Membership, dist.ProcessGroup]:
         """A restarted worker's membership, in generation `number`, and that generation's
@@ -211,7 +214,7 @@ class Membership:
         def form() -> None:
             try:
                 formed.append(dist.ProcessGroupGloo(
-                    dist.PrefixStore(f"gen{generation.number}/", self._group_store),
+                    dist.PrefixStore(f"gen{generation.number}/", self._group_store()),
                     generation.index(self.rank), len(generation.members), self.timeout))
             except Exception as error:  # noqa: BLE001 - raised by the caller
                 failed.append(error)

@@ -228,7 +228,7 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
         dist.PrefixStore("hetsync", store).set(JOINING_KEY.format(rank=rank), "")
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         membership, group = Membership.join_generation(
-            dist.PrefixStore("hetsync", store), dist.PrefixStore("pg", store), rank, timeout,
+            dist.PrefixStore("hetsync", store), _group_store(timeout), rank, timeout,
             _confirm_s(config.hang_timeout), int(os.environ[ENV_GENERATION]))
     elif launched:
         store: dist.Store = dist.TCPStore(
@@ -263,7 +263,7 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     lost = (LostWorkers(control, world, config.hang_timeout)
             if config.on_failure == "continue" else None)
     if config.on_failure == "rejoin" and membership is None and world > 1:
-        membership = Membership(control, dist.PrefixStore("pg", store), rank, timeout,
+        membership = Membership(control, _group_store(timeout), rank, timeout,
                                 _confirm_s(config.hang_timeout), Generation(0, tuple(range(world))))
     if lost is not None and not launched and world > 1:
         raise ConfigError("--on-failure continue needs hetsync's launcher (hetsync train or "
@@ -283,6 +283,16 @@ def join(read_config: Callable[[Path | None], RunConfig]) -> Runtime:
     if launched:  # after the hooks: the monitor may now ask for its stack (SIGUSR1)
         control.set(JOINED_KEY.format(rank=rank), "")
     return _RUNTIME
+
+
+def _group_store(timeout: datetime.timedelta) -> Callable[[], dist.Store]:
+    """A new client of the launcher's store, where the process groups meet, for each of the
+    run's generations (`Membership`)."""
+    def client() -> dist.Store:
+        return dist.PrefixStore("pg", dist.TCPStore(
+            os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ[ENV_STORE_PORT]),
+            is_master=False, timeout=timeout))
+    return client
 
 
 def _confirm_s(hang_timeout: float) -> float:
