@@ -6,9 +6,14 @@ Run as `python -m hetsync.launch.worker` by the launcher, or under torchrun thro
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import os
+import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,12 +23,14 @@ import hetsync
 from hetsync.api import SyncOptimizer
 from hetsync.config import RunConfig
 from hetsync.data import DynamicSampler
+from hetsync.errors import ConfigError
 from hetsync.faults import FaultPlan, parse_faults
 from hetsync.launch.checkpoint import (
     ENV_RESUME_AT,
     ENV_RESUME_BASE,
     Checkpointer,
     checkpoint_path,
+    prepare_resume,
 )
 from hetsync.malloc_settings import keep_freed_memory
 from hetsync.metrics.evaluator import Evaluator
@@ -165,10 +172,29 @@ def _resume(opt: SyncOptimizer, model: nn.Module, saved: dict[str, Any]) -> tupl
     return saved["data"]["epoch"], saved["data"]["batch"]
 
 
+#: Set by torchrun's elastic agent in every worker: 0 at the first start, k after k restarts.
+ENV_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+#: The store key (per restart: torch prefixes the agent's store by attempt) where rank 0 says
+#: whether and where a restarted torchrun run goes on.
+_RESUME_KEY = "torchrun_resume"
+
+
 def run_under_torchrun(config: RunConfig) -> None:
-    """`hetsync train` under torchrun: no launcher, so rank 0 evaluates and summarises."""
+    """`hetsync train` under torchrun: no launcher, so rank 0 evaluates and summarises. After
+    the elastic agent restarted the workers (`--max-restarts`), they go on from the run's
+    checkpoints by themselves (`_resume_after_restart`)."""
     keep_freed_memory()  # what the launcher's variables give its workers (hetsync.malloc_settings)
+    restart = int(os.environ.get(ENV_RESTART_COUNT, "0") or 0)
+    resumed: dict[str, Any] | None = None
+    if restart > 0:
+        # A fault is not repeated, as under `--resume`: it was the test of the start before
+        # (an iteration's `raise` would fire again after the resume, and spend every restart).
+        config = dataclasses.replace(config, fault="none")
     try:
+        if restart > 0:
+            given_out = config.out is not None
+            runtime = hetsync.init(**config.to_dict())  # train() finds it joined
+            resumed = _resume_after_restart(runtime, restart, given_out)
         opt = train(config)
         runtime = opt.runtime
         out = runtime.run_dir  # `out`, or the directory rank 0 named for every rank
@@ -184,9 +210,65 @@ def run_under_torchrun(config: RunConfig) -> None:
                 recompute_bn=config.eval_bn == "recompute", keep_snapshots=config.keep_snapshots,
             )
             evaluator.finish(every_set=True)
-            write_summary(out, summarize(out, config, opt.stop_reason))
+            summary = summarize(out, config, opt.stop_reason)
+            if resumed is not None:
+                summary["resumed_from"] = [resumed]
+            write_summary(out, summary)
     finally:
         hetsync.shutdown()
+
+
+def _resume_after_restart(runtime: Runtime, restart: int,
+                          given_out: bool) -> dict[str, Any] | None:
+    """After torchrun's agent restarted every worker (restart `restart`): rank 0 decides from
+    the run's checkpoints, as `train --resume` does (`prepare_resume`: every rank has one, the
+    limits leave something to do; then the evaluations after them trimmed), and tells every
+    rank through the store; each then sets the resume's environment, which `train()` reads.
+    Without checkpoints the run starts afresh, the start before's files removed. Returns the
+    resume (summary.json's `resumed_from` entry), None on a fresh start."""
+    store = runtime.store
+    run_dir = runtime.run_dir
+    assert run_dir is not None
+    if runtime.rank == 0:
+        decision = _decide_resume(run_dir, runtime.config, restart, given_out)
+        store.set(_RESUME_KEY, json.dumps(decision))
+        print(f"hetsync: {decision['note']}", file=sys.stderr, flush=True)
+    else:  # the checkpoints are only read meanwhile: nobody trains before rank 0 has decided
+        decision = json.loads(store.get(_RESUME_KEY).decode())
+    if "at_s" not in decision:
+        return None
+    os.environ[ENV_RESUME_AT] = repr(float(decision["at_s"]))
+    os.environ[ENV_RESUME_BASE] = str(int(decision["base"]))
+    return {"at_s": decision["at_s"], "iterations": decision["iterations"], "restart": restart}
+
+
+def _decide_resume(run_dir: Path, config: RunConfig, restart: int,
+                   given_out: bool) -> dict[str, Any]:
+    """Rank 0's decision for `_resume_after_restart`: where every worker goes on, or a fresh
+    start, with the one line that says which."""
+    again = f"torchrun restarted the workers (restart {restart})"
+    if not given_out:
+        return {"note": f"{again}: they cannot resume without --out (each start gets a new "
+                        f"run directory): starting afresh in {run_dir}"}
+    at, reason = None, ""
+    if config.checkpoint_every is None:
+        reason = "the run has no --checkpoint-every to resume from"
+    else:
+        try:
+            at = prepare_resume(run_dir, config)
+        except ConfigError as error:
+            reason = str(error).removeprefix(f"--resume {run_dir}: ")
+    if at is None:
+        for name in ("checkpoints", "snapshots", "eval.jsonl", "summary.json"):
+            path = run_dir / name  # the start before's, which this one would mix with its own
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        return {"note": f"{again}: {reason}; starting afresh in {run_dir}"}
+    return {"at_s": at.at_s, "base": at.base, "iterations": at.iterations,
+            "note": f"{again}: the run resumes from its checkpoints at run time "
+                    f"{at.at_s:.2f} s (iterations {', '.join(map(str, at.iterations))})"}
 
 
 def main() -> None:
