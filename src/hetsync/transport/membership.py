@@ -33,13 +33,19 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from hetsync.transport.links import Link
+
+class Regroupable(Protocol):
+    """What a generation changes: a link (hetsync.transport.links, which imports this
+    module, so it is named by its shape here)."""
+
+    group: Any
+
+    def regroup(self, group: dist.ProcessGroup, members: tuple[int, ...]) -> None: ...
 
 __all__ = ["ENV_GENERATION", "GEN_KEY", "Generation", "Membership", "Regrouped", "latest",
            "publish", "read"]
@@ -116,7 +122,7 @@ class Membership:
         self.confirm_timeout = confirm_timeout
         """How long a failed collective waits for the launcher's new generation."""
         self.current = generation
-        self.links: list[Link] = []
+        self.links: list[Regroupable] = []
         """The links that carry the current generation's group (`Links.of` adds them)."""
         self.state_source: Callable[[], dict[str, object]] | None = None
         """The live state a donor hands over (SyncOptimizer's)."""
