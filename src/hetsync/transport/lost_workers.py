@@ -37,7 +37,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-__all__ = ["LOST_KEY", "LostWorkers", "PeerLost", "unless_lost"]
+__all__ = ["LOST_KEY", "LostWorkers", "PeerLost", "Waited", "unless_lost", "wait_each"]
 
 LOST_KEY = "lost"
 POLL_S = 0.1
@@ -74,7 +74,7 @@ class LostWorkers:
         """The first exception a subscriber's callback raised."""
         self._told: set[int] = set()  # the ranks the watcher has told its subscribers of
         self._subscribers: list[Callable[[int], None]] = []
-        self._waiters: dict[tuple[int, int], queue.SimpleQueue[_Waited]] = {}
+        self._waiters: dict[tuple[int, int], queue.SimpleQueue[Waited]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -121,7 +121,7 @@ class LostWorkers:
         """Wait for `work`, a transfer with `rank`: return once it is done, raise its error,
         or raise `PeerLost` once the launcher declares `rank` lost (as `unless_lost` expects
         of a failed transfer)."""
-        waited = _Waited(work)
+        waited = Waited(work)
         if rank not in self.ranks:
             self._waiter(rank).put(waited)
             while not waited.done.wait(POLL_S):  # no watcher may be reading the store
@@ -132,14 +132,14 @@ class LostWorkers:
         if waited.error is not None:
             raise waited.error
 
-    def _waiter(self, rank: int) -> queue.SimpleQueue[_Waited]:
+    def _waiter(self, rank: int) -> queue.SimpleQueue[Waited]:
         """The queue of the thread that waits for the calling thread's transfers with `rank`,
         started on first use."""
         key = (rank, threading.get_ident())
         with self._lock:
             if key not in self._waiters:
                 self._waiters[key] = queue.SimpleQueue()
-                threading.Thread(target=_wait_each, args=(self._waiters[key],),
+                threading.Thread(target=wait_each, args=(self._waiters[key],),
                                  name=f"hetsync-wait-{rank}", daemon=True).start()
             return self._waiters[key]
 
@@ -175,8 +175,9 @@ class LostWorkers:
                 self.error = error
 
 
-class _Waited:
-    """A transfer handed to a waiting thread, and how its wait ended."""
+class Waited:
+    """A transfer handed to a waiting thread, and how its wait ended (also the waits of a
+    generation's collectives: hetsync.transport.membership)."""
 
     def __init__(self, work: dist.Work) -> None:
         self.work = work
@@ -184,7 +185,7 @@ class _Waited:
         self.error: RuntimeError | None = None
 
 
-def _wait_each(waits: queue.SimpleQueue[_Waited]) -> None:
+def wait_each(waits: queue.SimpleQueue[Waited]) -> None:
     """A waiting thread: its transfers' waits, in the order they were handed over."""
     while True:
         waited = waits.get()

@@ -38,6 +38,8 @@ from typing import Any, Protocol
 import torch
 import torch.distributed as dist
 
+from hetsync.transport.lost_workers import Waited, wait_each
+
 
 class Regroupable(Protocol):
     """What a generation changes: a link (hetsync.transport.links, which imports this
@@ -128,7 +130,7 @@ class Membership:
         """The live state a donor hands over (SyncOptimizer's)."""
         self.changes: list[tuple[float, Generation]] = []
         """(time.time(), generation) of each change this worker went through."""
-        self._waits: queue.SimpleQueue[_Waited] = queue.SimpleQueue()
+        self._waits: queue.SimpleQueue[Waited] = queue.SimpleQueue()
         self._waiter: threading.Thread | None = None
 
     @classmethod
@@ -182,9 +184,9 @@ class Membership:
     # --- inside ------------------------------------------------------------------------------
     def _wait(self, work: dist.Work) -> RuntimeError | bool | None:
         """None once `work` is done; its error; True if a newer generation came first."""
-        waited = _Waited(work)
+        waited = Waited(work)
         if self._waiter is None:
-            self._waiter = threading.Thread(target=_wait_each, args=(self._waits,),
+            self._waiter = threading.Thread(target=wait_each, args=(self._waits,),
                                             name="hetsync-generation-wait", daemon=True)
             self._waiter.start()
         self._waits.put(waited)
@@ -277,21 +279,3 @@ class _GaveWay(Exception):  # noqa: N818 - internal: a hand-over ended by a fail
     def __init__(self, reason: RuntimeError | bool) -> None:
         super().__init__(str(reason))
         self.reason = reason
-
-
-class _Waited:
-    def __init__(self, work: dist.Work) -> None:
-        self.work = work
-        self.done = threading.Event()
-        self.error: RuntimeError | None = None
-
-
-def _wait_each(waits: queue.SimpleQueue[_Waited]) -> None:
-    """The waiting thread: its collectives' waits, in order."""
-    while True:
-        waited = waits.get()
-        try:
-            waited.work.wait()
-        except RuntimeError as error:
-            waited.error = error
-        waited.done.set()
